@@ -1,0 +1,22 @@
+"""Helpers shared by tests (import as ``from tests.helpers import quiet_trainer``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+
+def quiet_trainer(**kwargs: Any) -> L.Trainer:
+    """A CPU Trainer with no logger, progress bar, model summary, sanity check or checkpointing unless asked for."""
+    defaults: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    defaults.update(kwargs)
+    return L.Trainer(**defaults)
