@@ -1,0 +1,1 @@
+"""Plain-PyTorch functions, usable without Lightning: each does one technique in place and returns a summary."""
