@@ -1,0 +1,107 @@
+"""Run ``SpeedAdvisor`` on the plain digits baseline (what ``lightning-speedups advise`` prints).
+
+Baseline = plain Lightning as most users write it: ``DigitsDataModule(batch_size=32)`` with per-sample transforms,
+``DemoClassifier`` with Adam at a constant 1e-3, fp32, default Trainer settings on the CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from lightning_speedups.benchmarks._common import BenchRow, machine_info, median
+
+__all__ = ["run", "run_advice"]
+
+
+def run_advice(quick: bool = True, verbose: bool = True, width: int = 32, seed: int = 0) -> dict[str, Any]:
+    """Fit the plain digits baseline with ``SpeedAdvisor`` and return its report as a dict (plus the machine).
+
+    Args:
+        quick: 2 warm-up + 6 timed batches (a few seconds) instead of 5 + 20.
+        verbose: print the text report.
+        width: ``DemoClassifier`` width (32 = the baseline).
+        seed: seed for weights, data order and the split.
+
+    Returns:
+        ``{"machine": ..., "config": ..., "summary": ..., "findings": [...], "notes": [...], "applied": [...]}``.
+    """
+    import lightning as L
+
+    from lightning_speedups.callbacks.advisor import SpeedAdvisor
+    from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+
+    warmup, window = (2, 6) if quick else (5, 20)
+    L.seed_everything(seed, verbose=False)
+    advisor = SpeedAdvisor(warmup_steps=warmup, window_steps=window, verbose=verbose)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=warmup + window,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(DemoClassifier(width=width), DigitsDataModule(batch_size=32, seed=seed))
+    out: dict[str, Any] = {
+        "machine": machine_info(),
+        "config": {"warmup_steps": warmup, "window_steps": window, "batch_size": 32, "width": width},
+    }
+    out.update(advisor.to_dict())
+    return out
+
+
+def _hook_cost_s(calls: int = 20000) -> float:
+    """Seconds per training batch that a finished advisor's hooks cost (the overhead outside the window)."""
+    from lightning_speedups.callbacks.advisor import SpeedAdvisor
+
+    adv = SpeedAdvisor(warmup_steps=1, window_steps=1, verbose=False)
+    adv._done = True  # past its window: the state every batch after the window sees
+    t0 = time.perf_counter()
+    for i in range(calls):
+        adv.on_train_batch_start(None, None, None, i)  # type: ignore[arg-type]
+        adv.on_before_backward(None, None, None)  # type: ignore[arg-type]
+        adv.on_before_optimizer_step(None, None, None)  # type: ignore[arg-type]
+        adv.on_train_batch_end(None, None, None, None, i)  # type: ignore[arg-type]
+    return (time.perf_counter() - t0) / calls
+
+
+def run(quick: bool = True) -> list[BenchRow]:
+    """Benchmark rows: the advisor's hook overhead outside its window, and each effect it measured on this machine.
+
+    The overhead row's ratio is ``step / (step + hook cost)`` (1.0 = free); the effect rows are the micro-measured
+    speedups (bf16 matmul, channels_last, fused optimizer step) that the report quotes, not end-to-end runs.
+    """
+    torch.manual_seed(0)
+    report = run_advice(quick=quick, verbose=False)
+    step = report["summary"]["step_s"] or float("nan")
+    hook = median([_hook_cost_s() for _ in range(3)])
+    rows = [
+        BenchRow(
+            "advisor",
+            "hooks outside window",
+            "step time",
+            step,
+            step + hook,
+            step / (step + hook),
+            unit="s",
+            note=f"{1e6 * hook:.2f} us of hook work per batch = {hook / step:.4%} of a baseline step",
+        )
+    ]
+    for f in report["findings"]:
+        ev = f["evidence"]
+        for key in ("bf16_matmul_speedup", "channels_last_speedup", "fused_step_speedup"):
+            if f["measured"] and ev.get(key):
+                rows.append(
+                    BenchRow("advisor", f["key"], key, 1.0, 1.0 / ev[key], ev[key], note="micro-measured, not e2e")
+                )
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run_advice(quick=True)
