@@ -1,0 +1,495 @@
+"""Throughput batch-size search (mission tip 7): the policy, its records and the state it must put back.
+
+The search itself knows nothing about Lightning: :func:`search_batch_size` walks a ladder of batch sizes, asks a
+``measure(batch_size)`` callable for one :class:`BatchSizeTrial` per size, and stops on a throughput plateau, an
+out-of-memory error, the memory budget or the end of the ladder. :func:`find_batch_size` runs it on a Lightning
+``Trainer`` (through :class:`~lightning_speedups.callbacks.batch_size.ThroughputBatchSizeFinder`).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+
+if TYPE_CHECKING:
+    import lightning as L
+
+__all__ = [
+    "BatchSizeSearchConfig",
+    "BatchSizeTrial",
+    "BatchSizeSearchResult",
+    "search_batch_size",
+    "batch_size_ladder",
+    "find_batch_size",
+    "MemoryMeter",
+    "snapshot_training_state",
+]
+
+MODES = ("throughput", "max_fit", "sweep")
+LR_RULES = ("linear", "sqrt", None)
+
+
+@dataclass
+class BatchSizeSearchConfig:
+    """How the search walks and when it stops.
+
+    Args:
+        mode: ``"throughput"`` (highest samples/s), ``"max_fit"`` (largest size within ``memory_budget``) or
+            ``"sweep"`` (measure every size of the ladder, pick the fastest; the exhaustive reference).
+        init_val: first batch size tried.
+        max_val: largest batch size tried.
+        steps_per_trial: timed optimizer steps per size.
+        warmup_steps: untimed steps per size first (allocator, cuDNN autotune, worker start-up).
+        min_gain: a doubling must raise samples/s by more than this fraction to count as progress; also the
+            tolerance inside which the smallest size is preferred.
+        patience: stop after this many doublings in a row without progress (the plateau rule).
+        refine_steps: bisection steps after the doubling phase (0 = none).
+        memory_budget: fraction of device memory (CUDA) or of memory available to the process (CPU) a size may
+            use at its peak; sizes predicted or measured above it are not chosen.
+        max_trials: hard cap on the number of sizes measured.
+    """
+
+    mode: str = "throughput"
+    init_val: int = 16
+    max_val: int = 4096
+    steps_per_trial: int = 3
+    warmup_steps: int = 1
+    min_gain: float = 0.05
+    patience: int = 2
+    refine_steps: int = 0
+    memory_budget: float = 0.9
+    max_trials: int = 16
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, MODES)
+        for name in ("init_val", "max_val", "steps_per_trial", "max_trials", "patience"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpeedupConfigError(f"`{name}`={value!r} is invalid. Allowed values: a positive integer.")
+        for name in ("warmup_steps", "refine_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise SpeedupConfigError(f"`{name}`={value!r} is invalid. Allowed values: an integer >= 0.")
+        if self.init_val > self.max_val:
+            raise SpeedupConfigError(
+                f"`init_val`={self.init_val!r} is larger than `max_val`={self.max_val!r}. "
+                "Allowed values: init_val <= max_val."
+            )
+        check_range("min_gain", self.min_gain, 0.0, 1.0, high_inclusive=False)
+        check_range(
+            "memory_budget", self.memory_budget, 0.0, 1.0, low_inclusive=False,
+            hint="it is a fraction of device (or available system) memory, e.g. 0.9.",
+        )
+
+
+@dataclass
+class BatchSizeTrial:
+    """One measured batch size: samples/s (median over timed steps), peak memory in bytes, and what happened."""
+
+    batch_size: int
+    samples_per_s: float = 0.0
+    peak_memory: int = 0
+    status: str = "ok"  # "ok" | "oom" | "over_budget"
+    step_times: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class BatchSizeSearchResult:
+    """What the search chose and why: ``chosen``, the ``trials`` table, ``stop_reason`` and the time it took."""
+
+    chosen: int
+    mode: str
+    trials: list[BatchSizeTrial]
+    stop_reason: str
+    search_time_s: float = 0.0
+    base_batch_size: int | None = None
+    memory_budget_bytes: int | None = None
+    lr_factor: float = 1.0
+    config_lr: float | None = None
+    accumulate_grad_batches: int | None = None
+    epoch: int = 0
+
+    def trial(self, batch_size: int) -> BatchSizeTrial | None:
+        """The (last) trial of one batch size, if it was measured."""
+        found = [t for t in self.trials if t.batch_size == batch_size]
+        return found[-1] if found else None
+
+    def table(self) -> str:
+        """The trial table as aligned text, chosen size marked with ``*``."""
+        lines = [f"{'batch':>7} {'samples/s':>11} {'peak MiB':>9}  status", "-" * 38]
+        for t in sorted(self.trials, key=lambda t: t.batch_size):
+            mark = "*" if t.batch_size == self.chosen else " "
+            lines.append(f"{t.batch_size:>6}{mark} {t.samples_per_s:>11.1f} {t.peak_memory / 2**20:>9.1f}  {t.status}")
+        lines.append(f"chosen {self.chosen} ({self.mode}); stopped: {self.stop_reason}; {self.search_time_s:.2f} s")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain python (checkpoint-safe, ``weights_only=True`` loadable)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchSizeSearchResult:
+        data = dict(data)
+        data["trials"] = [BatchSizeTrial(**t) for t in data.get("trials", [])]
+        return cls(**data)
+
+
+def batch_size_ladder(init_val: int, cap: int, allowed: Callable[[int], bool] | None = None) -> list[int]:
+    """``init_val, 2*init_val, ...`` up to ``cap``, ending exactly at ``cap``; only sizes ``allowed`` accepts."""
+    sizes: list[int] = []
+    b = init_val
+    while b < cap:
+        sizes.append(b)
+        b *= 2
+    sizes.append(cap)
+    return [s for s in sizes if allowed is None or allowed(s)] or [cap]
+
+
+def _round(b: int) -> int:
+    # multiples of 8 keep tensor-core / vector shapes friendly once sizes are large enough
+    return b - b % 8 if b >= 32 else b
+
+
+def search_batch_size(
+    measure: Callable[[int], BatchSizeTrial],
+    config: BatchSizeSearchConfig,
+    ladder: Sequence[int],
+    *,
+    memory_budget_bytes: int | None = None,
+    memory_baseline: int = 0,
+    allowed: Callable[[int], bool] | None = None,
+    on_trial: Callable[[BatchSizeTrial], None] | None = None,
+) -> BatchSizeSearchResult:
+    """Walk ``ladder`` (ascending sizes) calling ``measure`` and choose one size by ``config.mode``.
+
+    Pure policy: every decision depends only on the trials returned, so ranks that agree on their measurements
+    agree on every step. Out-of-memory steps back (halving below the first rung if needed, then bisecting when
+    ``refine_steps`` > 0).
+
+    Returns:
+        A :class:`BatchSizeSearchResult` (``search_time_s`` is left for the caller to fill).
+
+    Raises:
+        RuntimeError: if even batch size 1 runs out of memory.
+
+    Example::
+
+        >>> cfg = BatchSizeSearchConfig(init_val=8, max_val=256)
+        >>> fake = lambda b: BatchSizeTrial(b, samples_per_s=min(b, 64) * 10.0)
+        >>> search_batch_size(fake, cfg, batch_size_ladder(8, 256)).chosen
+        64
+    """
+    trials: list[BatchSizeTrial] = []
+    measured: dict[int, BatchSizeTrial] = {}
+
+    def run(b: int) -> BatchSizeTrial:
+        t = measure(b)
+        if t.ok and memory_budget_bytes is not None and t.peak_memory > memory_budget_bytes:
+            t.status = "over_budget"
+        trials.append(t)
+        measured[b] = t
+        if on_trial is not None:
+            on_trial(t)
+        return t
+
+    def predicted(b: int) -> float:
+        ok = sorted((t for t in trials if t.ok), key=lambda t: t.batch_size)
+        if not ok:
+            return 0.0
+        last = ok[-1]
+        if len(ok) >= 2 and last.batch_size != ok[-2].batch_size:
+            per = (last.peak_memory - ok[-2].peak_memory) / (last.batch_size - ok[-2].batch_size)
+            return last.peak_memory + max(per, 0.0) * (b - last.batch_size)
+        return memory_baseline + (last.peak_memory - memory_baseline) * b / last.batch_size
+
+    stop, failed_at = "end of ladder", None
+    best_sps, stalls = 0.0, 0
+    for i, b in enumerate(ladder):
+        if len(trials) >= config.max_trials:
+            stop = "max_trials"
+            break
+        if memory_budget_bytes is not None and trials and predicted(b) > memory_budget_bytes:
+            stop, failed_at = "memory budget (predicted)", b
+            break
+        t = run(b)
+        if not t.ok:
+            stop, failed_at = ("out of memory" if t.status == "oom" else "memory budget"), b
+            break
+        if config.mode == "throughput":
+            stalls = 0 if t.samples_per_s > best_sps * (1.0 + config.min_gain) else stalls + 1
+            best_sps = max(best_sps, t.samples_per_s)
+            if stalls >= config.patience:
+                stop = "plateau"
+                break
+        if i == len(ladder) - 1:
+            stop = "max_val" if b == config.max_val else f"cap {b} (dataset size / global batch)"
+
+    # nothing fitted: step back by halving below the first rung
+    b = ladder[0]
+    while not any(t.ok for t in trials):
+        if b <= 1:
+            raise RuntimeError("Batch-size search: even batch size 1 runs out of memory (or exceeds the budget).")
+        failed_at, b = b, max(1, b // 2)
+        run(b)
+
+    ok = lambda: sorted((t for t in trials if t.ok), key=lambda t: t.batch_size)  # noqa: E731
+
+    def choose() -> int:
+        good = ok()
+        if config.mode == "max_fit":
+            return good[-1].batch_size
+        top = max(t.samples_per_s for t in good)
+        # a larger batch that is not meaningfully faster only costs optimisation quality
+        return min(t.batch_size for t in good if t.samples_per_s >= (1.0 - config.min_gain) * top)
+
+    for _ in range(config.refine_steps):
+        if len(trials) >= config.max_trials:
+            break
+        chosen = choose()
+        if config.mode == "max_fit":
+            if failed_at is None:
+                break
+            mid = _round((chosen + failed_at) // 2)
+        else:
+            sizes = sorted(measured)
+            idx = sizes.index(chosen)
+            lo = measured[sizes[idx - 1]] if idx > 0 else None
+            hi = measured[sizes[idx + 1]] if idx + 1 < len(sizes) else None
+            side = max((n for n in (lo, hi) if n is not None and n.ok), key=lambda n: n.samples_per_s, default=None)
+            if side is None:
+                break
+            mid = _round((chosen + side.batch_size) // 2)
+        if mid in measured or (allowed is not None and not allowed(mid)) or mid <= 0:
+            break
+        t = run(mid)
+        if not t.ok:
+            failed_at = mid
+        elif config.mode == "max_fit" and failed_at is not None and failed_at - mid <= max(1, mid // 16):
+            break
+    return BatchSizeSearchResult(chosen=choose(), mode=config.mode, trials=trials, stop_reason=stop,
+                                 memory_budget_bytes=memory_budget_bytes)
+
+
+# --------------------------------------------------------------------------------------------------- memory
+class MemoryMeter:
+    """Peak memory of one trial: CUDA ``max_memory_reserved`` on a GPU, peak RSS of the process on CPU.
+
+    On Linux the kernel's own high-water mark (``VmHWM``) is reset through ``/proc/self/clear_refs``; elsewhere a
+    background thread samples ``psutil`` RSS every 2 ms.
+    """
+
+    def __init__(self, device: torch.device, local_world_size: int = 1) -> None:
+        self.device = device
+        self.local_world_size = max(1, local_world_size)
+        self._hwm = self._can_reset_hwm() if device.type != "cuda" else False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._peak = 0
+
+    @staticmethod
+    def _can_reset_hwm() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return MemoryMeter._read_status("VmHWM") > 0
+        except OSError:
+            return False
+
+    @staticmethod
+    def _read_status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def current(self) -> int:
+        """Memory held now (bytes)."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_reserved(self.device))
+        import psutil
+
+        return int(psutil.Process(os.getpid()).memory_info().rss)
+
+    def capacity(self) -> int:
+        """Bytes this process may use: total device memory, or on CPU what it holds plus its share of the rest."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.mem_get_info(self.device)[1])
+        import psutil
+
+        return self.current() + int(psutil.virtual_memory().available) // self.local_world_size
+
+    def start(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._hwm:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        else:
+            self._peak = self.current()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.002):
+            self._peak = max(self._peak, self.current())
+
+    def stop(self) -> int:
+        """Peak bytes since :meth:`start`."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.max_memory_reserved(self.device))
+        if self._hwm:
+            return self._read_status("VmHWM")
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return max(self._peak, self.current())
+
+
+# ---------------------------------------------------------------------------------------------- snapshots
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _metric_modules(model: nn.Module) -> list[nn.Module]:
+    try:
+        from torchmetrics import Metric
+    except ImportError:  # pragma: no cover - torchmetrics ships with lightning
+        return []
+    return [m for m in model.modules() if isinstance(m, Metric)]
+
+
+@contextmanager
+def snapshot_training_state(
+    model: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+    schedulers: Sequence[Any] = (),
+    extra: Sequence[Any] = (),
+) -> Iterator[None]:
+    """Put parameters, buffers, gradients, optimizer/scheduler state, metric states, module modes and RNG back.
+
+    Everything is copied to CPU memory (no files, no extra device memory) and restored bitwise on exit, also when
+    the body raises. ``extra`` takes more objects with ``state_dict``/``load_state_dict`` (e.g. a ``GradScaler``).
+    """
+    from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+
+    tensors = {f"p.{n}": p for n, p in model.named_parameters()} | {f"b.{n}": b for n, b in model.named_buffers()}
+    saved = {k: _to_cpu(v) for k, v in tensors.items()}
+    grads = {n: (None if p.grad is None else _to_cpu(p.grad)) for n, p in model.named_parameters()}
+    modes = {n: m.training for n, m in model.named_modules()}
+    opt_states = [_to_cpu(o.state_dict()) for o in optimizers]
+    sched_states = [_to_cpu(s.state_dict()) for s in schedulers]
+    extra_states = [_to_cpu(e.state_dict()) for e in extra]
+    metric_states = []
+    for m in _metric_modules(model):
+        attrs = list(getattr(m, "_defaults", {}))
+        metric_states.append((m, {a: _to_cpu(getattr(m, a)) for a in attrs},
+                              getattr(m, "_update_count", None), getattr(m, "_computed", None)))
+    rng = _collect_rng_states(include_cuda=torch.cuda.is_available() and torch.cuda.is_initialized())
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for k, v in tensors.items():
+                v.copy_(saved[k])
+            for n, p in model.named_parameters():
+                g = grads[n]
+                p.grad = None if g is None else g.to(p.device)
+        for n, m in model.named_modules():
+            if n in modes:
+                m.training = modes[n]
+        for o, s in zip(optimizers, opt_states):
+            o.load_state_dict(s)
+        for sch, s in zip(schedulers, sched_states):
+            sch.load_state_dict(s)
+        for e, s in zip(extra, extra_states):
+            e.load_state_dict(s)
+        for m, states, count, computed in metric_states:
+            for a, v in states.items():
+                cur = getattr(m, a)
+                dev = cur.device if isinstance(cur, torch.Tensor) else None
+                setattr(m, a, v.to(dev) if isinstance(v, torch.Tensor) and dev is not None else v)
+            if count is not None:
+                m._update_count = count
+            m._computed = computed
+        _set_rng_states(rng)
+
+
+def scale_lr_factor(batch_size: int, base_batch_size: int, rule: str | None) -> float:
+    """LR multiplier for a batch-size change (uses ``lightning_speedups.optim.scale_lr`` when it exists)."""
+    try:
+        from lightning_speedups.optim import scale_lr  # type: ignore[attr-defined]
+    except ImportError:
+        scale_lr = None
+    if scale_lr is not None:
+        return float(scale_lr(1.0, batch_size, base_batch_size, rule))
+    if rule is None:
+        return 1.0
+    ratio = batch_size / base_batch_size
+    return ratio if rule == "linear" else math.sqrt(ratio)
+
+
+def find_batch_size(
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    datamodule: L.LightningDataModule | None = None,
+    train_dataloaders: Any = None,
+    **kwargs: Any,
+) -> BatchSizeSearchResult:
+    """Search the batch size on ``trainer`` without training, set it on the model/datamodule and return the result.
+
+    Runs ``trainer.fit`` with a :class:`~lightning_speedups.callbacks.batch_size.ThroughputBatchSizeFinder` that
+    exits right after the search (like Lightning's ``Tuner``); weights, optimizer and RNG are left as they were.
+    ``kwargs`` go to the callback (``mode``, ``init_val``, ``max_val``, ``scale_lr``, ...).
+
+    Example::
+
+        >>> import lightning as L
+        >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+        >>> trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+        ...                     enable_model_summary=False, enable_checkpointing=False)
+        >>> dm = DigitsDataModule(batch_size=32)
+        >>> result = find_batch_size(trainer, DemoClassifier(width=8), dm, init_val=16, max_val=32,
+        ...                          steps_per_trial=1, warmup_steps=0, verbose=False)
+        >>> dm.batch_size == result.chosen
+        True
+    """
+    from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
+
+    finder = ThroughputBatchSizeFinder(**kwargs)
+    finder._exit_after_search = True
+    saved = trainer.callbacks
+    trainer.callbacks = [finder] + [c for c in saved if not isinstance(c, ThroughputBatchSizeFinder)]
+    try:
+        trainer.fit(model, train_dataloaders=train_dataloaders, datamodule=datamodule)
+    finally:
+        trainer.callbacks = saved
+    if finder.result is None:
+        raise RuntimeError("The batch-size search did not run (is `fast_dev_run` set or `limit_train_batches=0`?).")
+    return finder.result
