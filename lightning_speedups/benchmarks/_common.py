@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BenchRow", "interleaved_timings", "machine_info", "median", "speed_ratio"]
+__all__ = ["BenchRow", "interleaved_timings", "machine_info", "make_train_step", "median", "speed_ratio"]
 
 
 @dataclass
@@ -104,3 +104,29 @@ def machine_info() -> dict[str, Any]:
         info["device"] = torch.cuda.get_device_name(0)
         info["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
     return info
+
+
+def make_train_step(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    optimizer: torch.optim.Optimizer | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> Callable[[], float]:
+    """A closure doing one forward/backward/optimizer step of ``model`` on ``(x, y)``; returns the loss.
+
+    ``autocast_dtype=torch.bfloat16`` runs the forward under autocast on ``x``'s device, as ``precision="bf16-mixed"``.
+    """
+    optimizer = optimizer or torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    model.train()
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    return step

@@ -1,0 +1,165 @@
+"""Run the registered techniques' benchmarks and format their rows (table, JSON, markdown, PNG)."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._registry import get_technique, list_techniques
+from lightning_speedups.benchmarks._common import BenchRow, machine_info
+
+__all__ = ["run_benchmarks", "format_table", "format_markdown", "write_json", "write_plots", "BenchFailure"]
+
+
+class BenchFailure(RuntimeError):
+    """A technique's benchmark raised; the other techniques still ran."""
+
+
+def _select(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]:
+    names = [n for n in list_techniques() if get_technique(n).bench is not None]
+    for given in [*(only or []), *(skip or [])]:
+        if given not in list_techniques():
+            raise SpeedupConfigError(
+                f"`technique`={given!r} is not registered. Allowed values: {', '.join(map(repr, names))}."
+            )
+    if only:
+        names = [n for n in names if n in only]
+    return [n for n in names if n not in (skip or [])]
+
+
+def run_benchmarks(
+    quick: bool = True, only: Sequence[str] | None = None, skip: Sequence[str] | None = None, echo: bool = True
+) -> tuple[list[BenchRow], dict[str, str]]:
+    """Run each selected technique's ``run(quick)`` in turn; return all rows and ``{technique: error}``."""
+    rows: list[BenchRow] = []
+    errors: dict[str, str] = {}
+    for name in _select(only, skip):
+        bench = get_technique(name).load_bench()
+        assert bench is not None  # _select keeps only techniques with a bench
+        start = time.perf_counter()
+        if echo:
+            print(f"[bench] {name} ...", flush=True)
+        try:
+            new = list(bench(quick=quick))
+        except Exception as err:  # one broken benchmark must not hide the others' results
+            errors[name] = f"{type(err).__name__}: {err}"
+            if echo:
+                traceback.print_exc()
+            continue
+        rows.extend(new)
+        if echo:
+            print(f"[bench] {name}: {len(new)} row(s) in {time.perf_counter() - start:.1f} s", flush=True)
+    return rows, errors
+
+
+def _fmt_acc(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _fmt_delta(row: BenchRow) -> str:
+    d = row.accuracy_delta
+    return "-" if d is None else f"{100 * d:+.1f} pt"
+
+
+def _table_rows(rows: Iterable[BenchRow]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        verdict = "no speedup" if r.ratio < 1.05 else ""
+        out.append(
+            [
+                r.technique,
+                r.variant,
+                r.metric,
+                f"{r.ratio:.2f}x",
+                _fmt_acc(r.accuracy_baseline),
+                _fmt_acc(r.accuracy_candidate),
+                _fmt_delta(r),
+                "; ".join(x for x in (verdict, r.note) if x),
+            ]
+        )
+    return out
+
+
+_HEADER = ["technique", "variant", "metric", "speedup", "acc base", "acc cand", "acc delta", "note"]
+
+
+def format_table(rows: Sequence[BenchRow]) -> str:
+    """A plain-text table, one line per row, ratio = times faster than the baseline measured in the same run."""
+    body = _table_rows(rows)
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(_HEADER)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADER, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+def format_markdown(rows: Sequence[BenchRow], machine: dict[str, Any] | None = None) -> str:
+    machine = machine or machine_info()
+    lines = [
+        f"Machine: {machine['cpu']} ({machine['cpu_count']} cores, {machine['torch_threads']} torch threads), "
+        f"torch {machine['torch']}, device {machine['device']}.",
+        "",
+        "| " + " | ".join(_HEADER) + " |",
+        "|" + "---|" * len(_HEADER),
+    ]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in b) + " |" for b in _table_rows(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: str | Path, rows: Sequence[BenchRow], errors: dict[str, str], quick: bool) -> None:
+    payload = {
+        "machine": machine_info(),
+        "quick": quick,
+        "rows": [r.as_dict() for r in rows],
+        "errors": errors,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2, default=str))
+
+
+def write_plots(directory: str | Path, rows: Sequence[BenchRow]) -> list[Path]:
+    """Speedup bars (log scale) and, where rows carry ``extra['curve']``, accuracy-vs-time curves, as PNG files."""
+    from lightning_speedups._errors import require
+
+    require("matplotlib", "plots", "Benchmark charts")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.35 * len(rows) + 1)))
+    labels = [f"{r.technique}: {r.variant}" for r in rows]
+    ratios = [r.ratio for r in rows]
+    ax.barh(labels, ratios, color=["tab:green" if x >= 1.05 else "tab:gray" for x in ratios])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("times faster than baseline (same run, medians)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    path = directory / "speedups.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    curves = [r for r in rows if r.extra.get("curves")]
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in curves:
+            for label, (times, accs) in r.extra["curves"].items():
+                ax.plot(times, accs, marker=".", label=f"{r.technique}: {label}")
+        ax.set_xlabel("wall-clock seconds")
+        ax.set_ylabel("validation accuracy")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = directory / "accuracy_vs_time.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written

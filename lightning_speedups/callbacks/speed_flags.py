@@ -1,0 +1,48 @@
+"""SpeedFlags callback: set TF32 and cuDNN autotuning at setup (code optimization, mission tip 8)."""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.settings import enable_speed_flags
+
+__all__ = ["SpeedFlags"]
+
+
+class SpeedFlags(L.Callback):
+    """Calls :func:`~lightning_speedups.settings.enable_speed_flags` for the trainer's accelerator at ``setup``.
+
+    On CUDA it turns on TF32 matmuls and cuDNN autotuning; elsewhere it changes nothing and says why.
+    ``self.applied`` holds ``{flag: what was done}``.
+
+    Example::
+
+        >>> import lightning as L
+        >>> trainer = L.Trainer(callbacks=[SpeedFlags()], accelerator="cpu", logger=False)
+    """
+
+    def __init__(self, verbose: bool = True) -> None:
+        self.verbose = verbose
+        self.applied: dict[str, str] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        accelerator = "cuda" if trainer.root_device.type == "cuda" else trainer.root_device.type
+        self.applied = enable_speed_flags(accelerator)
+        if self.verbose:
+            rank_zero_info("SpeedFlags: " + "; ".join(f"{k}: {v}" for k, v in self.applied.items()))
+
+
+register_technique(
+    TechniqueInfo(
+        name="speed_flags",
+        callback=SpeedFlags,
+        functional=enable_speed_flags,
+        summary="TF32 + cuDNN autotuning on NVIDIA GPUs; its bench measures bf16 vs fp32 on this hardware",
+        requires=("cuda for any effect",),
+        mission_tip="8 code optimization / 9 hardware",
+        example_kwargs={"verbose": False},
+        bench="lightning_speedups.benchmarks.precision:run",
+    )
+)

@@ -1,0 +1,135 @@
+"""The ``lightning-speedups`` command: ``info``, ``bench`` and ``advise``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+_PACKAGES = ("lightning", "torch", "torchvision", "torchmetrics", "torchao", "torch-pruning", "kornia", "scikit-learn")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import lightning_speedups as ls
+    from lightning_speedups.benchmarks import machine_info
+    from lightning_speedups.settings import cpu_bf16_speed_ratio, enable_speed_flags, explain_trainer_settings
+
+    print(f"lightning-speedups {ls.__version__} on Python {platform.python_version()} ({platform.platform()})")
+    print("\nPackages:")
+    for dist in _PACKAGES:
+        print(f"  {dist:<14} {_version(dist)}")
+    machine = machine_info()
+    print("\nHardware:")
+    print(f"  cpu            {machine['cpu']} ({machine['cpu_count']} cores, {machine['torch_threads']} torch threads)")
+    print(f"  device         {machine['device']}")
+    print(f"  bf16 on cpu    training step {cpu_bf16_speed_ratio():.2f}x the speed of fp32 (measured now)")
+    print("\nTrainer settings it would pick (trainer_settings()):")
+    print("  " + explain_trainer_settings().explain().replace("\n", "\n  "))
+    print("\nSpeed flags (enable_speed_flags()):")
+    flags = enable_speed_flags() if args.apply_flags else enable_speed_flags("cpu" if machine["device"] == "cpu" else "cuda")
+    for key, value in flags.items():
+        print(f"  {key:<26} {value}")
+    print("\nTechniques:")
+    for name in ls.list_techniques():
+        info = ls.get_technique(name)
+        req = f" [needs {', '.join(info.requires)}]" if info.requires else ""
+        print(f"  {name:<18} {info.summary}{req}")
+    return 0
+
+
+def _split(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import lightning_speedups  # noqa: F401  (registers the techniques)
+    from lightning_speedups.benchmarks import machine_info
+    from lightning_speedups.benchmarks.runner import (
+        format_markdown,
+        format_table,
+        run_benchmarks,
+        write_json,
+        write_plots,
+    )
+
+    machine = machine_info()
+    print(
+        f"Machine: {machine['cpu']}, {machine['cpu_count']} cores, {machine['torch_threads']} torch threads, "
+        f"torch {machine['torch']}, device {machine['device']}. Mode: {'quick' if args.quick else 'full'}."
+    )
+    rows, errors = run_benchmarks(quick=args.quick, only=_split(args.only), skip=_split(args.skip))
+    print("\nSpeedup = baseline median time / technique median time, measured interleaved in this run.\n")
+    print(format_table(rows))
+    if args.json:
+        write_json(args.json, rows, errors, args.quick)
+        print(f"\nwrote {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(format_markdown(rows, machine))
+        print(f"wrote {args.markdown}")
+    if args.plots:
+        for path in write_plots(args.plots, rows):
+            print(f"wrote {path}")
+    if errors:
+        print("\nFAILED benchmarks:", file=sys.stderr)
+        for name, err in errors.items():
+            print(f"  {name}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from lightning_speedups.benchmarks.advise import run_advice
+
+    run_advice(quick=args.quick)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-speedups",
+        description="Measure PyTorch Lightning speedups on this machine: info, bench, advise.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, hardware, and the trainer settings it would pick and why")
+    info.add_argument("--apply-flags", action="store_true", help="also set TF32/cuDNN flags in this process")
+    info.set_defaults(func=_cmd_info)
+    bench = sub.add_parser("bench", help="baseline vs each technique on the demo task, interleaved, as ratios")
+    bench.add_argument("--quick", action="store_true", help="small sizes: about a minute or two on 2 CPU cores")
+    bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    bench.add_argument("--markdown", metavar="PATH", help="write the results as a markdown table")
+    bench.add_argument("--plots", metavar="DIR", help="write PNG charts (needs matplotlib)")
+    bench.add_argument("--only", metavar="NAMES", help="comma-separated technique names to run")
+    bench.add_argument("--skip", metavar="NAMES", help="comma-separated technique names to skip")
+    bench.set_defaults(func=_cmd_bench)
+    advise = sub.add_parser("advise", help="run the SpeedAdvisor on the plain demo baseline and print its report")
+    advise.add_argument("--quick", action="store_true", help="a shorter window")
+    advise.set_defaults(func=_cmd_advise)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lightning-speedups`` console script."""
+    args = build_parser().parse_args(argv)
+    from lightning_speedups._errors import SpeedupConfigError
+
+    try:
+        return int(args.func(args))
+    except SpeedupConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

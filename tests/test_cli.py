@@ -1,0 +1,54 @@
+"""The console script: --help, info, bench --quick (JSON + PNG), bad technique names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from lightning_speedups.cli import main
+
+
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "info" in out and "bench" in out and "advise" in out
+
+
+def test_cli_console_script_installed():
+    exe = shutil.which("lightning-speedups") or shutil.which("lightning-speedups", path=str(sys.prefix) + "/bin")
+    assert exe, "console script `lightning-speedups` is not installed"
+    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "bench" in proc.stdout
+
+
+def test_cli_info(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("torch", "lightning", "Trainer settings", "accelerator", "precision", "Techniques"):
+        assert needle in out
+
+
+def test_cli_bench_only_json_and_plots(tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    code = main(["bench", "--quick", "--only", "speed_flags", "--json", str(out_json), "--plots", str(tmp_path),
+                 "--markdown", str(tmp_path / "bench.md")])
+    assert code == 0
+    payload = json.loads(out_json.read_text())
+    assert payload["quick"] is True and payload["errors"] == {}
+    assert [r["technique"] for r in payload["rows"]] == ["precision"]
+    assert payload["rows"][0]["ratio"] > 0
+    assert (tmp_path / "speedups.png").stat().st_size > 1000
+    assert "| technique |" in (tmp_path / "bench.md").read_text()
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_cli_bench_unknown_technique(capsys):
+    assert main(["bench", "--quick", "--only", "warp_drive"]) == 2
+    err = capsys.readouterr().err
+    assert "`technique`='warp_drive' is not registered. Allowed values:" in err
