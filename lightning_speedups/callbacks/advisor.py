@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from lightning_speedups import settings
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.benchmarks._common import _cpu_model
@@ -39,15 +40,16 @@ def _checksum(p: torch.Tensor) -> tuple[float, float]:
     return float(d.sum()), float((d * d).sum())
 
 
-def _first_image(batch: Any) -> torch.Tensor | None:
+def _first_float_tensor(batch: Any) -> torch.Tensor | None:
+    """The batch's input tensor for the model-copy measurements: the first floating-point tensor in it."""
     if isinstance(batch, torch.Tensor):
-        return batch if batch.dim() == 4 else None
+        return batch if batch.is_floating_point() else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
     if isinstance(batch, (list, tuple)):
         for b in batch:
-            if isinstance(b, torch.Tensor) and b.dim() == 4:
+            if isinstance(b, torch.Tensor) and b.is_floating_point():
                 return b
-    if isinstance(batch, dict):
-        return _first_image(list(batch.values()))
     return None
 
 
@@ -179,7 +181,7 @@ class SpeedAdvisor(Callback):
             self._m.data_waits.append(t - self._t_last_end)
         self._t_start = t
         self._t_backward = self._t_opt = None
-        self._example = _first_image(batch)
+        self._example = _first_float_tensor(batch)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         if self._active:
@@ -310,7 +312,6 @@ class SpeedAdvisor(Callback):
                 pass
             if device.type == "cpu":
                 notes.append("device peak FLOP/s is unknown for CPUs, so utilisation is not computed")
-                m.cpu_bf16_fast = F.cpu_bf16_is_fast()
         loader = trainer.train_dataloader
         if loader is not None:
             m.loader_kind = "DataLoader" if isinstance(loader, torch.utils.data.DataLoader) else type(loader).__name__
@@ -334,15 +335,21 @@ class SpeedAdvisor(Callback):
             m.never_grad = sorted(set(trainable) - self._got_grad)
         if self.measure_effects:
             self._measure_effects(trainer, pl_module, m)
+        if m.device_type == "cpu" and ("bf16" in m.precision or m.precision.startswith("16")) and not m.bf16_speedup:
+            m.cpu_bf16_fast = settings.cpu_bf16_is_fast()  # library-wide cached probe: the model copy was not timed
         return m
 
     def _measure_effects(self, trainer: L.Trainer, pl_module: L.LightningModule, m: Measurements) -> None:
+        x = self._example
+        # model copies only while they are cheap: at most ~100M parameters
+        small = sum(p.numel() for p in pl_module.parameters()) <= 100_000_000
         if m.device_type == "cpu":
-            m.bf16_speedup = F.bf16_matmul_speedup("cpu")
-        if m.has_conv and not m.conv_channels_last and self._example is not None:
-            m.channels_last_speedup = F.channels_last_speedup(pl_module, self._example)
+            if x is not None and small:
+                m.bf16_speedup = F.bf16_autocast_speedup(pl_module, x)
+        if m.has_conv and not m.conv_channels_last and x is not None and x.dim() == 4 and small:
+            m.channels_last_speedup = F.channels_last_speedup(pl_module, x)
         for info, opt in zip(m.optimizers, trainer.optimizers):
-            if info.fused_supported and not info.fused:
+            if info.fused_supported and not info.fused and small:
                 info.fused_speedup = F.fused_optimizer_speedup(opt)
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, note: str | None) -> None:
@@ -395,6 +402,6 @@ register_technique(
         summary="Measures a window of steps and ranks what slows training down, naming this library's fix.",
         mission_tip="all: finds which tip applies to your model and machine",
         bench="lightning_speedups.benchmarks.advise:run",
-        example_kwargs={"warmup_steps": 1, "window_steps": 1, "verbose": False},
+        example_kwargs={"warmup_steps": 1, "window_steps": 1, "measure_effects": False, "verbose": False},
     )
 )

@@ -1,0 +1,238 @@
+"""SpeedAdvisor callback: diagnosis of real (tiny) fits with a mocked clock, reporting, overhead counting, resume."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import Logger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import lightning_speedups.callbacks.advisor as advisor_mod
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._registry import get_technique
+from lightning_speedups.callbacks.advisor import SpeedAdvisor
+from lightning_speedups.demo import DemoClassifier
+from tests.helpers import quiet_trainer
+
+
+class FakeClock:
+    """Time advances only when the test says so: timings become exact and load-independent."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.t
+
+
+class ClockedData(Dataset):
+    """64 random images; each sample 'costs' ``per_sample`` seconds on the fake clock."""
+
+    def __init__(self, clock: FakeClock, per_sample: float, n: int = 64) -> None:
+        self.clock, self.per_sample = clock, per_sample
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.clock.t += self.per_sample
+        return self.x[i], self.y[i]
+
+
+class ClockedModel(DemoClassifier):
+    """DemoClassifier whose training step 'costs' ``per_step`` seconds on the fake clock."""
+
+    def __init__(self, clock: FakeClock | None = None, per_step: float = 0.0, **kw: Any) -> None:
+        super().__init__(width=8, **kw)
+        self.clock, self.per_step = clock, per_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.clock is not None:
+            self.clock.t += self.per_step
+        return super().training_step(batch, batch_idx)
+
+
+class MemoryLogger(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: list[dict[str, float]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.metrics.append(dict(metrics))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _fit(advisor: SpeedAdvisor, model: L.LightningModule, data: Dataset, steps: int, batch_size: int = 8, **kw: Any):
+    trainer = quiet_trainer(max_steps=steps, callbacks=[advisor], **kw)
+    trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=batch_size, shuffle=True))
+    return trainer
+
+
+def test_advisor_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match="`warmup_steps`=0 must be a positive integer"):
+        SpeedAdvisor(warmup_steps=0)
+    with pytest.raises(SpeedupConfigError, match="`window_steps`=-1 must be a positive integer"):
+        SpeedAdvisor(window_steps=-1)
+    with pytest.raises(SpeedupConfigError, match="`window_steps`=3 is smaller than `warmup_steps`=5"):
+        SpeedAdvisor(warmup_steps=5, window_steps=3)
+    with pytest.raises(SpeedupConfigError, match="`thresholds`='high' is not supported"):
+        SpeedAdvisor(thresholds="high")  # type: ignore[arg-type]
+    with pytest.raises(SpeedupConfigError, match="`data_wait`=2 is out of range"):
+        SpeedAdvisor(thresholds={"data_wait": 2})
+    with pytest.raises(SpeedupConfigError, match="no timed batch has run yet"):
+        SpeedAdvisor().to_json()
+
+
+def test_advisor_data_bound_fit(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(advisor_mod, "_now", clock)
+    advisor = SpeedAdvisor(warmup_steps=2, window_steps=4, measure_effects=False, verbose=False)
+    logger = MemoryLogger()
+    # 8 samples x 5 ms of loading vs 2 ms of compute per batch: 95% of the time waits for data
+    _fit(advisor, ClockedModel(clock, per_step=0.002), ClockedData(clock, per_sample=0.005), steps=6, logger=logger)
+    report = advisor.report
+    assert report is not None and report.summary["timed_batches"] == 4
+    assert report.summary["data_wait_share"] == pytest.approx(0.04 / 0.042)
+    assert report.summary["samples_per_s"] == pytest.approx(8 / 0.042)
+    top = report.findings[0]
+    assert top.key == "data_bound" and top.severity == "high"
+    assert "DeviceDataLoader" in top.fix and "num_workers" in top.fix
+    assert top.evidence["num_workers"] == 0 and top.evidence["loader"] == "DataLoader"
+    # FLOPs were counted on the untimed warm-up batch
+    assert report.summary["flops_per_batch"] > 0
+    # logged to the trainer's loggers
+    logged = {k: v for d in logger.metrics for k, v in d.items()}
+    assert logged["advisor/data_wait_share"] == pytest.approx(report.summary["data_wait_share"])
+    assert logged["advisor/score/data_bound"] == pytest.approx(top.score)
+    assert "utilisation" in " ".join(report.notes)  # CPU peak unknown: said so
+
+
+def test_advisor_compute_bound_fit(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(advisor_mod, "_now", clock)
+    advisor = SpeedAdvisor(warmup_steps=2, window_steps=4, measure_effects=False, verbose=False)
+    _fit(advisor, ClockedModel(clock, per_step=0.050), ClockedData(clock, per_sample=0.0), steps=6)
+    keys = [f.key for f in advisor.report.findings]
+    assert advisor.report.summary["data_wait_share"] == 0.0
+    assert "data_bound" not in keys and "num_workers_zero" not in keys
+
+
+def test_advisor_bf16_on_slow_cpu(monkeypatch):
+    # mocked capability: this CPU "has no bf16 units" and the model copy runs 10x slower in bf16
+    monkeypatch.setattr(advisor_mod.settings, "cpu_bf16_is_fast", lambda: False)
+    monkeypatch.setattr(advisor_mod.F, "bf16_autocast_speedup", lambda module, x, repeats=3: 0.1)
+    monkeypatch.setattr(advisor_mod.F, "channels_last_speedup", lambda module, x, repeats=3: None)
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, verbose=False)
+    _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=3, precision="bf16-mixed")
+    top = advisor.report.findings[0]
+    assert top.key == "low_precision_on_slow_cpu" and top.severity == "high"
+    assert top.evidence["precision"] == "bf16-mixed" and top.evidence["bf16_step_slowdown"] == pytest.approx(10.0)
+    assert 'trainer_settings(precision="auto")' in top.fix
+
+
+def test_advisor_overhead_outside_window(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(advisor_mod, "_now", clock)
+    advisor = SpeedAdvisor(warmup_steps=2, window_steps=3, measure_effects=False, verbose=False)
+    seen: list[tuple[int, int]] = []
+
+    class Probe(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append((advisor.work_calls, clock.reads))
+
+    trainer = quiet_trainer(max_steps=12, callbacks=[advisor, Probe()])
+    trainer.fit(ClockedModel(), train_dataloaders=DataLoader(ClockedData(clock, 0.0), batch_size=8))
+    assert advisor.hook_calls == 2 * 12  # every batch reaches the two batch hooks...
+    work = [w for w, _ in seen]
+    # ...but they only work on the FLOP batch (index 1) and the 3 timed batches (2..4)
+    assert work[0] == 0
+    assert work[1] == 2  # FLOP counter start + stop
+    assert all(b > a for a, b in zip(work[1:5], work[2:5]))
+    assert len(set(work[4:])) == 1, "hooks did work after the window"
+    assert len({r for _, r in seen[4:]}) == 1, "the clock was read after the window"
+    assert work[4] == 2 + 3 * 4  # each timed batch: start, before_backward, before_optimizer_step, end
+
+
+def test_advisor_parameter_findings(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(advisor_mod, "_now", clock)
+
+    class Leaky(ClockedModel):
+        """Freezes the head after the first step but keeps zeroed grads, so Adam's momentum still moves it."""
+
+        def __init__(self) -> None:
+            super().__init__(clock, 0.01)
+            self.unused = nn.Linear(4, 4)  # trainable, never in the graph
+
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            optimizer.zero_grad(set_to_none=False)
+
+        def on_train_batch_start(self, batch, batch_idx):
+            if batch_idx == 1:
+                self.head.weight.requires_grad_(False)
+
+    advisor = SpeedAdvisor(warmup_steps=2, window_steps=3, measure_effects=False, verbose=False)
+    _fit(advisor, Leaky(), ClockedData(clock, 0.0), steps=5)
+    by_key = {f.key: f for f in advisor.report.findings}
+    assert by_key["frozen_but_updated"].evidence["examples"] == ["head.weight"]
+    assert "FineTuneFreezing" in by_key["frozen_but_updated"].fix
+    assert by_key["unused_trainable_params"].evidence["examples"] == ["unused.bias", "unused.weight"]
+
+
+def test_advisor_measured_effects_and_apply(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(advisor_mod.F, "channels_last_speedup", lambda module, x, repeats=3: 1.5)
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, apply=True)
+    model = ClockedModel()
+    _fit(advisor, model, ClockedData(FakeClock(), 0.0), steps=5)
+    d = advisor.to_dict()
+    by_key = {f["key"]: f for f in d["findings"]}
+    assert by_key["channels_last"]["measured"] and by_key["channels_last"]["evidence"]["channels_last_speedup"] == 1.5
+    assert d["applied"] and "channels_last" in d["applied"][0]
+    w = model.backbone[0][0].weight
+    assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()  # applied, training went on
+    assert d["summary"]["peak_memory_bytes"] > 0 and 0 < d["summary"]["memory_headroom"] <= 1
+    advisor.to_json(tmp_path / "advice.json")
+    assert json.loads((tmp_path / "advice.json").read_text()) == json.loads(json.dumps(d, default=str))
+    # apply=False (default) never changes the run, whatever it finds
+    plain = ClockedModel()
+    _fit(SpeedAdvisor(warmup_steps=1, window_steps=2, verbose=False), plain, ClockedData(FakeClock(), 0.0), steps=3)
+    assert plain.backbone[0][0].weight.is_contiguous()
+
+
+def test_advisor_resume(tmp_path):
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, measure_effects=False, verbose=False)
+    trainer = _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=4)
+    ckpt = tmp_path / "a.ckpt"
+    trainer.save_checkpoint(ckpt)
+    resumed = SpeedAdvisor(warmup_steps=1, window_steps=2, measure_effects=False, verbose=False)
+    trainer2 = quiet_trainer(max_steps=7, callbacks=[resumed])
+    trainer2.fit(ClockedModel(), DataLoader(ClockedData(FakeClock(), 0.0), batch_size=8), ckpt_path=ckpt)
+    assert resumed.work_calls == 0  # the stored report is reused, nothing is measured again
+    assert resumed.to_dict() == advisor.to_dict()
+
+
+def test_advisor_registry_example():
+    info = get_technique("advisor")
+    assert info.callback is SpeedAdvisor and info.bench == "lightning_speedups.benchmarks.advise:run"
+    advisor = SpeedAdvisor(**info.example_kwargs)
+    _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=2, limit_val_batches=1)
+    assert advisor.report is not None and advisor.report.summary["timed_batches"] == 1
