@@ -28,7 +28,7 @@ class SpeedFlags(L.Callback):
         self.applied: dict[str, str] = {}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        accelerator = "cuda" if trainer.root_device.type == "cuda" else trainer.root_device.type
+        accelerator = trainer.strategy.root_device.type
         self.applied = enable_speed_flags(accelerator)
         if self.verbose:
             rank_zero_info("SpeedFlags: " + "; ".join(f"{k}: {v}" for k, v in self.applied.items()))
