@@ -1,0 +1,511 @@
+"""FineTuneFreezing: train the head of a pretrained network first, then unfreeze its backbone all at once or gradually.
+
+How it keeps optimizers, schedulers, checkpoints and DDP consistent (the places where Lightning's
+``BackboneFinetuning`` breaks):
+
+- **Every parameter group exists from the first step.** Frozen parameters sit in the optimizer from the start
+  (``requires_grad=False``: no gradient, so the optimizer skips them); unfreezing only flips ``requires_grad``. No group
+  is added mid-run, so OneCycle, cosine and ReduceLROnPlateau keep their state, and a checkpoint's optimizer state
+  always matches the optimizer a fresh run builds. Discriminative learning rates (``lr_decay``) need one group per
+  layer group: for :class:`~lightning_speedups.optim.SpeedupMixin` models the callback sets
+  ``optimizer_config.lr_multipliers`` in ``setup()`` so ``configure_optimizers`` builds them natively; for any other
+  LightningModule it splits the optimizer's groups in ``on_fit_start`` (before a checkpoint's optimizer state is
+  loaded) and scales the schedulers' per-group lrs (``base_lrs``, OneCycle's ``max_lr``...) to match.
+- **Resume.** The frozen set is a function of the epoch; it is also saved with the callback state and re-applied in
+  ``load_state_dict``, which Lightning calls before it wraps the model in DDP and builds the optimizer.
+- **DDP.** DDP only synchronises parameters that required a gradient when it was built, so frozen parameters cause no
+  "unused parameters" error. When a phase unfreezes parameters the callback re-wraps the model in a fresh DDP (all
+  ranks at once, at the start of the epoch) so the new parameters are synchronised too.
+- **BatchNorm.** With ``train_bn=False`` frozen norm layers are held in eval mode (re-applied before every training
+  batch, since ``model.train()`` resets it) so their running statistics keep the pretrained values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+
+from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.functional.finetuning import (
+    _is_norm_with_stats,
+    _under,
+    backbone_roots,
+    find_head,
+    freeze,
+    layer_groups,
+    resolve_module_names,
+)
+
+__all__ = ["FineTuneConfig", "FineTuneFreezing"]
+
+BackboneSpec = str | Sequence[str] | Callable[[nn.Module], Any] | None
+# lr-valued entries that scale with a group's multiplier when a group is split (param-group keys / scheduler lists)
+_LR_GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
+_SCHED_LISTS = {"base_lrs": True, "_last_lr": True, "max_lrs": True, "min_lrs": False, "lr_lambdas": False,
+                "base_momentums": False, "max_momentums": False}
+
+
+def _check_epoch(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpeedupConfigError(
+            f"`{name}`={value!r} is invalid. Allowed values: an integer >= 0{' or None' if allow_none else ''}."
+        )
+
+
+@dataclass
+class FineTuneConfig:
+    """What to freeze and when to unfreeze it; see :class:`FineTuneFreezing` for the meaning of each field."""
+
+    backbone: BackboneSpec = None
+    unfreeze_at_epoch: int | None = 1
+    unfreeze_every: int | None = None
+    schedule: dict[int, list[str]] | None = None
+    lr_decay: float = 1.0
+    train_bn: bool = False
+
+    def __post_init__(self) -> None:
+        b = self.backbone
+        if isinstance(b, (list, tuple)):
+            if not b or not all(isinstance(n, str) and n for n in b):
+                raise SpeedupConfigError(f"`backbone`={b!r} must be a non-empty list of module names.")
+            self.backbone = list(b)
+        elif not (b is None or (isinstance(b, str) and b) or callable(b)):
+            raise SpeedupConfigError(
+                f"`backbone`={b!r} is not supported. Allowed values: None (auto: everything but the head), an "
+                "attribute name, a list of module names, or a callable model -> module / names."
+            )
+        _check_epoch("unfreeze_at_epoch", self.unfreeze_at_epoch, allow_none=True)
+        if self.unfreeze_every is not None and (
+            isinstance(self.unfreeze_every, bool) or not isinstance(self.unfreeze_every, int) or self.unfreeze_every < 1
+        ):
+            raise SpeedupConfigError(
+                f"`unfreeze_every`={self.unfreeze_every!r} is invalid. Allowed values: an integer >= 1 or None "
+                "(unfreeze everything at once)."
+            )
+        check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_inclusive=False,
+                    hint="each deeper layer group trains at lr x lr_decay^depth; 1.0 means one lr for all.")
+        if not isinstance(self.train_bn, bool):
+            raise SpeedupConfigError(f"`train_bn`={self.train_bn!r} must be True or False.")
+        if self.schedule is not None:
+            self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        if not isinstance(self.schedule, Mapping) or not self.schedule:
+            raise SpeedupConfigError(
+                f"`schedule`={self.schedule!r} must be a non-empty dict {{epoch: [module names]}}."
+            )
+        if self.unfreeze_every is not None:
+            raise SpeedupConfigError(
+                "`schedule` and `unfreeze_every` were both given. HINT: pass one; the schedule sets every epoch."
+            )
+        out: dict[int, list[str]] = {}
+        prev = -1
+        for epoch, names in self.schedule.items():
+            _check_epoch(f"schedule key {epoch!r}", epoch)
+            if epoch <= prev:
+                raise SpeedupConfigError(
+                    f"`schedule` epochs are out of order: {list(self.schedule)}. Allowed values: strictly increasing "
+                    "epochs, top (next to the head) groups first."
+                )
+            prev = epoch
+            names = [names] if isinstance(names, str) else list(names)
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise SpeedupConfigError(f"`schedule[{epoch}]`={names!r} must be a non-empty list of module names.")
+            out[epoch] = names
+        first = next(iter(out))
+        if self.unfreeze_at_epoch not in (1, first):
+            raise SpeedupConfigError(
+                f"`unfreeze_at_epoch`={self.unfreeze_at_epoch!r} conflicts with `schedule` (first epoch {first}). "
+                "HINT: leave `unfreeze_at_epoch` at its default when giving a schedule."
+            )
+        self.schedule = out
+
+
+@dataclass
+class _Group:
+    name: str
+    prefixes: list[str]  # module (or loose parameter) names: the lr_multipliers keys
+    params: list[str] = field(default_factory=list)
+    norms: list[str] = field(default_factory=list)
+    depth: int = 1
+    epoch: int | None = None
+    lr_mult: float = 1.0
+
+
+def _resolve_backbone(model: nn.Module, spec: BackboneSpec) -> list[str]:
+    if callable(spec) and not isinstance(spec, str):
+        result = spec(model)
+        if isinstance(result, nn.Module):
+            names = [n for n, m in model.named_modules() if m is result and n]
+            if not names:
+                raise SpeedupConfigError("`backbone` callable returned a module that is not a submodule of the model.")
+            return names[:1]
+        spec = result
+        if not (isinstance(spec, str) or (isinstance(spec, Sequence) and spec)):
+            raise SpeedupConfigError(f"`backbone` callable returned {spec!r}; expected a module or module names.")
+    names = [spec] if isinstance(spec, str) else list(spec)  # type: ignore[arg-type]
+    return resolve_module_names(model, names, "backbone")
+
+
+def _plan(model: nn.Module, cfg: FineTuneConfig) -> tuple[list[_Group], list[str]]:
+    """The backbone's layer groups (top group first) and the names of the always-trainable parameters."""
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    if cfg.backbone is None:
+        head = find_head(model)
+        roots = backbone_roots(model, head)
+        backbone = [n for n in params if not _under(n, head)]
+    else:
+        roots = _resolve_backbone(model, cfg.backbone)
+        try:
+            head = find_head(model)
+        except SpeedupConfigError:
+            head = None
+        inside = [r for r in roots if head is not None and _under(head, r)]
+        if inside:
+            raise SpeedupConfigError(
+                f"`backbone`={cfg.backbone!r} contains the head {head!r}: nothing would be left to train. HINT: "
+                f"name the feature extractor only, e.g. {backbone_roots(model, head)[:6]}."
+            )
+        backbone = [n for n in params if any(_under(n, r) for r in roots)]
+    trainable = [n for n in params if n not in set(backbone)]
+    norm_names = [n for n, m in modules.items() if _is_norm_with_stats(m) and any(_under(n, r) for r in roots)]
+    decay = float(cfg.lr_decay)
+    groups: list[_Group] = []
+    if cfg.schedule is not None:
+        taken: set[str] = set()
+        for depth, (epoch, names) in enumerate(cfg.schedule.items(), 1):
+            resolve_module_names(model, names, f"schedule[{epoch}]")
+            outside = [n for n in names if not any(_under(n, r) for r in roots)]
+            if outside:
+                raise SpeedupConfigError(
+                    f"`schedule[{epoch}]` names {outside}, which are not part of the backbone {roots}. HINT: the head "
+                    "always trains; the schedule lists backbone modules only."
+                )
+            mine = [p for p in backbone if p not in taken and any(_under(p, n) for n in names)]
+            if not mine:
+                raise SpeedupConfigError(f"`schedule[{epoch}]`={names} unfreezes no parameter not already scheduled.")
+            taken.update(mine)
+            groups.append(_Group("+".join(names), list(names), mine, depth=depth, epoch=epoch, lr_mult=decay**depth))
+        rest = [p for p in backbone if p not in taken]
+        if rest:  # never unfrozen: partial fine-tuning of the top layers only
+            groups.append(_Group("(never unfrozen)", [], rest, depth=len(groups) + 1, epoch=None, lr_mult=0.0))
+    else:
+        lg = list(reversed(layer_groups(model, roots)))  # top (next to the head) first
+        k = cfg.unfreeze_every
+        for i, names in enumerate(lg):
+            epoch = None if cfg.unfreeze_at_epoch is None else cfg.unfreeze_at_epoch + (i * k if k else 0)
+            groups.append(_Group("+".join(names), list(names), depth=i + 1, epoch=epoch, lr_mult=decay ** (i + 1)))
+        for p in backbone:
+            owner = [g for g in groups if any(_under(p, n) for n in g.prefixes)]
+            g = owner[0] if owner else groups[-1]  # loose parameters (a ViT's class token) join the deepest group
+            if not owner:
+                g.prefixes.append(p)
+            g.params.append(p)
+    for n in norm_names:
+        owner = [g for g in groups if any(_under(n, pre) for pre in g.prefixes)]
+        (owner[0] if owner else groups[-1]).norms.append(n)
+    return [g for g in groups if g.params or g.norms], trainable
+
+
+def _rewrap_ddp(trainer: L.Trainer) -> bool:
+    """Wrap the LightningModule in a fresh DDP so parameters unfrozen since the last wrap are synchronised too."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    strategy: Any = trainer.strategy
+    old = strategy.model
+    if not isinstance(old, DistributedDataParallel) or not hasattr(strategy, "_setup_model"):
+        return False
+    module = old.module
+    strategy.model = module
+    del old
+    gc.collect()  # drop the old reducer and its autograd hooks before the new one registers its own
+    strategy.model = strategy._setup_model(module)  # broadcasts rank 0's weights and registers all trainable params
+    if hasattr(strategy, "_register_ddp_hooks"):
+        strategy._register_ddp_hooks()
+    return True
+
+
+def _expand_scheduler(sched: Any, sources: list[tuple[int, float]]) -> None:
+    """Give a scheduler one entry per new param group (``sources[i]`` = (old group index, lr factor))."""
+    for child in getattr(sched, "_schedulers", []) or []:
+        _expand_scheduler(child, sources)
+    for attr, scales in _SCHED_LISTS.items():
+        values = getattr(sched, attr, None)
+        if isinstance(values, list) and values and len(values) == 1 + max(i for i, _ in sources):
+            setattr(sched, attr, [values[i] * f if scales else values[i] for i, f in sources])
+
+
+class FineTuneFreezing(Callback):
+    """Freeze a pretrained backbone, train the head, then unfreeze the backbone all at once or group by group.
+
+    Args:
+        backbone: what to freeze. ``None`` (default) finds the head (a submodule named ``fc``, ``classifier``,
+            ``heads`` or ``head``) and freezes everything else; or an attribute name (``"backbone"``), a list of module
+            names, or a callable ``model -> module | names``. Parameters outside the backbone are left alone.
+        unfreeze_at_epoch: first epoch that trains backbone layers (0 = from the start); ``None`` = never (head only).
+        unfreeze_every: ``None`` unfreezes the whole backbone at ``unfreeze_at_epoch``; ``k`` unfreezes one layer
+            group (see :func:`~lightning_speedups.functional.finetuning.layer_groups`) every ``k`` epochs, top first.
+        schedule: explicit ``{epoch: [module names]}`` in increasing epochs, top modules first; backbone modules it
+            does not list stay frozen. Replaces ``unfreeze_at_epoch`` / ``unfreeze_every``.
+        lr_decay: discriminative learning rates: the head trains at the optimizer's lr, the top backbone group at
+            ``lr * lr_decay``, the next at ``lr * lr_decay**2``, ... In (0, 1]; 1 means one lr for all.
+        train_bn: keep BatchNorm layers of frozen groups trainable (parameters and statistics). ``False`` (default)
+            freezes them and holds them in eval mode.
+        verbose: log the trainable groups and parameter count when a phase starts.
+
+    Raises:
+        SpeedupConfigError: bad arguments (here), or in ``setup``: unknown module names (with close matches), a
+            backbone that contains the head, nothing left to train; in ``on_fit_start``: an optimizer that lacks
+            parameters the schedule will unfreeze.
+
+    Example::
+
+        >>> from lightning_speedups.demo import DemoClassifier
+        >>> cb = FineTuneFreezing(unfreeze_at_epoch=2, unfreeze_every=1, lr_decay=0.5)
+        >>> trainer = L.Trainer(max_epochs=4, callbacks=[cb])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        backbone: BackboneSpec = None,
+        unfreeze_at_epoch: int | None = 1,
+        unfreeze_every: int | None = None,
+        schedule: Mapping[int, Sequence[str] | str] | None = None,
+        lr_decay: float = 1.0,
+        train_bn: bool = False,
+        verbose: bool = True,
+    ) -> None:
+        self.config = FineTuneConfig(
+            backbone=backbone,
+            unfreeze_at_epoch=unfreeze_at_epoch,
+            unfreeze_every=unfreeze_every,
+            schedule=dict(schedule) if isinstance(schedule, Mapping) else schedule,  # type: ignore[arg-type]
+            lr_decay=lr_decay,
+            train_bn=train_bn,
+        )
+        self.verbose = verbose
+        self.groups: list[_Group] = []
+        self.unfrozen: list[str] = []  # names of the unfrozen groups
+        self._trainable: list[str] = []
+        self._module: L.LightningModule | None = None
+        self._frozen_norms: list[nn.Module] = []
+        self._written_prefixes: set[str] = set()
+        self._saved_opt_cfg: tuple[Any, ...] | None = None
+        self._announced = False
+
+    # ----- planning and applying ---------------------------------------------------------------------------------
+    def target(self, epoch: int) -> list[str]:
+        """Names of the groups that train at ``epoch``."""
+        return [g.name for g in self.groups if g.epoch is not None and g.epoch <= epoch]
+
+    def _apply(self, module: nn.Module, unfrozen: Sequence[str]) -> None:
+        params = dict(module.named_parameters())
+        modules = dict(module.named_modules())
+        train_bn = self.config.train_bn
+        norm_params = {f"{n}.{p}" for g in self.groups for n in g.norms for p, _ in modules[n].named_parameters()}
+        self._frozen_norms = []
+        for g in self.groups:
+            on = g.name in unfrozen
+            for name in g.params:
+                params[name].requires_grad_(on or (train_bn and name in norm_params))
+            for n in g.norms:
+                if on or train_bn:
+                    modules[n].train(module.training)
+                else:  # put in eval mode before each training batch (on_train_batch_start): stats stay untouched
+                    self._frozen_norms.append(modules[n])
+        self.unfrozen = [g.name for g in self.groups if g.name in unfrozen]
+
+    def trainable_params(self, module: nn.Module) -> int:
+        """Number of trainable parameter elements of ``module`` right now."""
+        return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+    # ----- Lightning hooks ---------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._module = pl_module
+        self.groups, self._trainable = _plan(pl_module, self.config)
+        self._apply(pl_module, self.target(0))  # a resumed run re-applies its saved set in load_state_dict
+        if self.trainable_params(pl_module) == 0 and not self.target(0):
+            raise SpeedupConfigError(
+                f"Nothing to train: with `backbone`={self.config.backbone!r} every parameter is frozen at epoch 0. "
+                "HINT: leave the head (and any new layers) outside the backbone, or set `unfreeze_at_epoch=0`."
+            )
+        last = [g.epoch for g in self.groups if g.epoch is not None]
+        if last and trainer.max_epochs not in (None, -1) and max(last) >= trainer.max_epochs:
+            rank_zero_warn(
+                f"FineTuneFreezing: some groups unfreeze at epoch {max(last)}, after the run ends "
+                f"(`max_epochs`={trainer.max_epochs})."
+            )
+        self._set_mixin_multipliers(pl_module)
+
+    def _set_mixin_multipliers(self, pl_module: L.LightningModule) -> None:
+        """For SpeedupMixin models: one optimizer group per layer group, built by ``configure_optimizers`` itself."""
+        self._written_prefixes = set()
+        if self.config.lr_decay == 1.0 or not hasattr(pl_module, "optimizer_config"):
+            return
+        from lightning_speedups.optim.mixin import SpeedupMixin
+
+        if not isinstance(pl_module, SpeedupMixin):
+            return
+        cfg: Any = pl_module.optimizer_config
+        user: dict[str, float]
+        if cfg is None:
+            user, make = {}, lambda lm: {"lr_multipliers": lm}
+        elif isinstance(cfg, Mapping):
+            user, make = dict(cfg.get("lr_multipliers") or {}), lambda lm: {**cfg, "lr_multipliers": lm}
+        elif dataclasses.is_dataclass(cfg) and hasattr(cfg, "lr_multipliers"):
+            user, make = dict(cfg.lr_multipliers), lambda lm: dataclasses.replace(cfg, lr_multipliers=lm)
+        else:
+            return
+
+        def user_mult(name: str) -> float:
+            best = max((u for u in user if _under(name, u)), key=len, default=None)
+            return float(user[best]) if best is not None else 1.0
+
+        lm = dict(user)
+        for g in self.groups:
+            if g.epoch is None:
+                continue
+            for pre in g.prefixes:
+                lm[pre] = user_mult(pre) * g.lr_mult
+                self._written_prefixes.add(pre)
+            for u in user:  # a user prefix inside a group keeps its own factor, times the group's
+                if any(_under(u, pre) and u != pre for pre in g.prefixes):
+                    lm[u] = float(user[u]) * g.lr_mult
+                    self._written_prefixes.add(u)
+        self._saved_opt_cfg = (pl_module, cfg)
+        pl_module.optimizer_config = make(lm)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        by_name = {n: g for g in self.groups for n in g.params}
+        group_of = {id(p): by_name[n] for n, p in pl_module.named_parameters() if n in by_name}
+        in_opt = {id(p) for opt in trainer.optimizers for pg in opt.param_groups for p in pg["params"]}
+        missing = [n for g in self.groups if g.epoch is not None for n in g.params
+                   if id(pl_module.get_parameter(n)) not in in_opt]
+        if missing:
+            raise SpeedupConfigError(
+                f"FineTuneFreezing: {len(missing)} backbone parameters that will be unfrozen (e.g. {missing[0]!r}) are "
+                "in no optimizer param group. HINT: build the optimizer from all of `self.parameters()`, frozen ones "
+                "included (they get no gradient while frozen), as SpeedupMixin does; do not filter on requires_grad."
+            )
+        if self.config.lr_decay == 1.0:
+            return
+        for opt in trainer.optimizers:
+            configs = trainer.lr_scheduler_configs
+            scheds = [c.scheduler for c in configs if getattr(c.scheduler, "optimizer", None) is opt]
+            self._split_groups(opt, group_of, scheds)
+
+    def _split_groups(self, opt: torch.optim.Optimizer, group_of: dict[int, _Group], scheds: list[Any]) -> None:
+        """Split param groups that mix layer groups (or lack their lr factor) into one group per layer group."""
+        new_groups: list[dict[str, Any]] = []
+        sources: list[tuple[int, float]] = []
+        changed = False
+        for i, pg in enumerate(opt.param_groups):
+            buckets: dict[str, list[torch.Tensor]] = {}
+            owners: dict[str, _Group | None] = {}
+            for p in pg["params"]:
+                g = group_of.get(id(p))
+                key = "" if g is None or g.epoch is None else g.name  # head / never-trained params: no factor
+                buckets.setdefault(key, []).append(p)
+                owners[key] = g if key else None
+            native = str(pg.get("name", "")).split("/")[0] in self._written_prefixes and "lr_mult" in pg
+            if len(buckets) == 1 and (native or "" in buckets):
+                new_groups.append(pg)
+                sources.append((i, 1.0))
+                continue
+            changed = True
+            for key, ps in buckets.items():
+                owner = owners[key]
+                factor = owner.lr_mult if owner is not None else 1.0
+                ng = {k: v for k, v in pg.items() if k != "params"}
+                ng["params"] = ps
+                for k in _LR_GROUP_KEYS:
+                    if isinstance(ng.get(k), float | int) and not isinstance(ng.get(k), bool):
+                        ng[k] = ng[k] * factor
+                ng["lr_mult"] = float(pg.get("lr_mult", 1.0)) * factor
+                ng["name"] = f"{pg.get('name', f'group{i}')}/{key}" if key else pg.get("name", f"group{i}")
+                new_groups.append(ng)
+                sources.append((i, factor))
+        if changed:
+            opt.param_groups = new_groups
+            for s in scheds:
+                _expand_scheduler(s, sources)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        target = self.target(trainer.current_epoch)
+        changed = target != self.unfrozen
+        if changed:
+            self._apply(pl_module, target)
+            _rewrap_ddp(trainer)
+        self._hold_frozen_norms()
+        n = self.trainable_params(pl_module)
+        if self.verbose and (changed or not self._announced):
+            total = sum(p.numel() for p in pl_module.parameters())
+            parts = ["head"] + [f"{g.name} (lr x{g.lr_mult:g})" for g in self.groups if g.name in self.unfrozen]
+            rank_zero_info(
+                f"FineTuneFreezing epoch {trainer.current_epoch}: training {', '.join(parts)}; "
+                f"{n:,} / {total:,} parameters trainable ({100.0 * n / max(total, 1):.1f}%)."
+            )
+        self._announced = True
+        log_kw: dict[str, Any] = dict(on_step=False, on_epoch=True, batch_size=1, sync_dist=True)
+        pl_module.log("finetune/trainable_params", float(n), **log_kw)
+        pl_module.log("finetune/unfrozen_groups", float(len(self.unfrozen)), **log_kw)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._hold_frozen_norms()
+
+    def _hold_frozen_norms(self) -> None:
+        for m in self._frozen_norms:  # model.train() (fit start, after validation) puts them back in train mode
+            if m.training:
+                freeze(m)  # eval mode + no grad: the running statistics keep their pretrained values
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._saved_opt_cfg is not None:  # give the model its own optimizer config back
+            module, cfg = self._saved_opt_cfg
+            module.optimizer_config = cfg
+            self._saved_opt_cfg = None
+
+    # ----- checkpointing -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"unfrozen": list(self.unfrozen), "groups": [g.name for g in self.groups]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # called after setup() and before DDP wraps the model: re-freeze exactly what the checkpoint had frozen
+        if self._module is None or not self.groups:
+            return
+        if list(state_dict.get("groups", [])) != [g.name for g in self.groups]:
+            rank_zero_warn(
+                "FineTuneFreezing: the checkpoint's layer groups differ from this run's; the frozen set follows the "
+                "current configuration and epoch instead."
+            )
+            return
+        self._apply(self._module, list(state_dict.get("unfrozen", [])))
+
+
+register_technique(
+    TechniqueInfo(
+        name="finetune",
+        callback=FineTuneFreezing,
+        functional=freeze,
+        summary="Freeze a pretrained backbone, train the head, then unfreeze gradually with discriminative LRs.",
+        mission_tip="5: pretrained models + fine-tuning",
+        bench="lightning_speedups.benchmarks.finetuning:run",
+        example_kwargs={"unfreeze_at_epoch": 1},
+    )
+)
