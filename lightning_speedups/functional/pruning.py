@@ -61,6 +61,7 @@ class PruningSummary:
     params_after: int
     sparsity: float
     layers: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (before, after) channels or nonzeros
+    channels: dict[str, int] = field(default_factory=dict)  # structured: every prunable root layer's channels before
     macs_before: int | None = None
     macs_after: int | None = None
     origins: dict[int, ParamOrigin] = field(default_factory=dict, repr=False)  # for rebuild_optimizers
@@ -263,6 +264,7 @@ def prune_structured(
     global_pruning: bool = False,
     round_to: int | None = None,
     dry_run: bool = False,
+    reference_channels: dict[str, int] | None = None,
 ) -> PruningSummary:
     """Remove ``amount`` of the channels of every prunable layer group, in place (torch-pruning's dependency graph).
 
@@ -278,6 +280,9 @@ def prune_structured(
         round_to: keep channel counts multiples of this (e.g. 8 for tensor cores).
         dry_run: only validate and plan: ``layers`` then holds the planned (before, after) channels and the model is
             left untouched.
+        reference_channels: ``{root layer name: channels}`` of the unpruned model (``summary.channels`` of the
+            first call): ``amount`` is then the fraction of *those* channels removed in total, so gradual schedules
+            hit their targets exactly instead of compounding rounding errors.
 
     Returns:
         A :class:`PruningSummary` with parameter/MAC counts and, per root layer, channels before and after.
@@ -326,6 +331,13 @@ def prune_structured(
         # dry run: see every group's plan before touching the model, so a refusal leaves it intact
         plan: list[tuple[nn.Module, Any, int]] = []
         # torch-pruning silently skips a group that would lose every channel; let it through to refuse it by name
+        summary.channels = {names[r]: int(pruner.DG.get_out_channels(r)) for r in roots}
+        if reference_channels:  # torch-pruning keeps `target = initial * (1 - ratio)` per ranking scope
+            scopes = pruner._scope_initial_channels
+            for name, ch in reference_channels.items():
+                scopes[name] = int(ch)
+            scopes["DEFAULT_SCOPE"] = sum(reference_channels.get(n, c) for n, c in summary.channels.items())
+            initial = dict(scopes)
         pruner.DG.check_pruning_group = lambda group: True
         try:
             for group in pruner.step(interactive=True):
@@ -348,6 +360,8 @@ def prune_structured(
                 summary.layers[names[root]] = (int(ch), int(ch) - n)
             return summary
         pruner.reset()
+        if reference_channels:
+            pruner._scope_initial_channels.update(initial)
         scorer.replay = True  # all scores are computed before the first group is pruned: reuse the dry run's
         before = {root: pruner.DG.get_out_channels(root) for root in roots}
         with _record_origins(summary.origins):

@@ -1,0 +1,319 @@
+"""``Pruning``: prune during training, structurally (real speedup) or with masks, one-shot or on a cubic schedule."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._rebuild import rebuild_optimizers
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._structure import apply_structure_records, load_checkpoint_file, store_structure_record
+from lightning_speedups.functional.pruning import (
+    RECORD_KEY,
+    STRUCTURED_IMPORTANCES,
+    UNSTRUCTURED_IMPORTANCES,
+    PruningSummary,
+    _mask_targets,
+    _resolve_layers,
+    clean_pruned_state_dict,
+    count_macs,
+    default_ignored_layers,
+    make_pruning_permanent,
+    prune_structured,
+    prune_unstructured,
+    pruned_structure_record,
+    sparsity_report,
+)
+
+__all__ = ["Pruning", "pruning_schedule"]
+
+
+def pruning_schedule(amount: float, start: int, end: int, steps: int) -> list[tuple[int, float]]:
+    """``[(epoch, target_amount), ...]``: the cubic schedule of Zhu & Gupta (2017) in ``steps`` steps.
+
+    Step ``k`` (0-based) runs at the start of epoch ``start + round(k * (end - start) / (steps - 1))`` and brings the
+    total pruned fraction to ``amount * (1 - (1 - (k + 1) / steps) ** 3)``: large steps early, while the network can
+    still recover, small ones near the end. ``steps=1`` is one-shot pruning at ``start``.
+
+    Example::
+
+        >>> [(e, round(a, 3)) for e, a in pruning_schedule(0.5, 0, 2, 3)]
+        [(0, 0.352), (1, 0.481), (2, 0.5)]
+    """
+    if steps == 1:
+        return [(start, float(amount))]
+    epochs = [start + math.floor(k * (end - start) / (steps - 1) + 0.5) for k in range(steps)]
+    return [(e, float(amount) * (1.0 - (1.0 - (k + 1) / steps) ** 3)) for k, e in enumerate(epochs)]
+
+
+class Pruning(L.Callback):
+    """Prune the model at the start of chosen epochs and keep optimizer, scheduler, DDP and checkpoints consistent.
+
+    ``mode="structured"`` (default) removes whole channels with torch-pruning, so every later step is cheaper; after
+    each step the optimizer and LR scheduler are rebuilt at the same progress (Adam/SGD state of surviving channels
+    is kept) and the model is re-wrapped under DDP. Checkpoints carry the pruned architecture, so
+    ``MyModel.load_from_checkpoint(path)`` works for :class:`~lightning_speedups.optim.SpeedupMixin` models and
+    resuming works for any LightningModule. ``mode="unstructured"`` zeros weights with ``torch.nn.utils.prune`` masks
+    (no speedup on dense kernels); checkpoints hold clean ``weight`` keys and the masks live in the callback state.
+
+    Args:
+        mode: ``"structured"`` or ``"unstructured"``.
+        amount: final fraction of channels (structured) or weights (unstructured) removed, in ``[0, 1)``.
+        start_epoch: epoch at whose start pruning begins (0 = before any training).
+        end_epoch: epoch of the last step (default: ``start_epoch``).
+        steps: number of pruning steps between ``start_epoch`` and ``end_epoch`` (cubic schedule, see
+            :func:`pruning_schedule`); ``1`` = one-shot.
+        importance: ``"l1"`` / ``"l2"`` magnitude; structured only: ``"taylor"`` (gradients of the previous epoch's last
+            batch, needs ``start_epoch >= 1``) and ``"bn_scale"``.
+        ignored_layers: module names never pruned; ``None`` = the final classifier layer.
+        global_pruning: rank channels / weights across layers instead of per layer.
+        make_permanent: unstructured only: fold masks into the weights when training ends.
+        example_inputs: input for tracing (structured); default ``pl_module.example_input_array``.
+        round_to: structured only: keep channel counts multiples of this.
+
+    Example::
+
+        >>> cb = Pruning(amount=0.5, start_epoch=0, end_epoch=2, steps=3)
+        >>> [round(a, 2) for _, a in cb.schedule]
+        [0.35, 0.48, 0.5]
+    """
+
+    def __init__(
+        self,
+        mode: str = "structured",
+        amount: float = 0.5,
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        steps: int = 1,
+        importance: str = "l1",
+        ignored_layers: Sequence[str] | None = None,
+        global_pruning: bool = False,
+        make_permanent: bool = True,
+        example_inputs: Any = None,
+        round_to: int | None = None,
+    ) -> None:
+        check_choice("mode", mode, ["structured", "unstructured"])
+        check_range("amount", amount, 0.0, 1.0, high_inclusive=False, hint="a fraction, e.g. 0.5 for half.")
+        allowed = STRUCTURED_IMPORTANCES if mode == "structured" else UNSTRUCTURED_IMPORTANCES
+        check_choice("importance", importance, allowed, hint="taylor and bn_scale rank whole channels (structured).")
+        if not isinstance(start_epoch, int) or start_epoch < 0:
+            raise SpeedupConfigError(f"`start_epoch`={start_epoch!r} is invalid. Allowed values: an integer >= 0.")
+        end_epoch = start_epoch if end_epoch is None else end_epoch
+        if not isinstance(end_epoch, int) or end_epoch < start_epoch:
+            raise SpeedupConfigError(
+                f"`end_epoch`={end_epoch!r} is before `start_epoch`={start_epoch}. Allowed values: an integer >= "
+                f"{start_epoch}."
+            )
+        if not isinstance(steps, int) or not 1 <= steps <= end_epoch - start_epoch + 1:
+            raise SpeedupConfigError(
+                f"`steps`={steps!r} is invalid for epochs [{start_epoch}, {end_epoch}]. Allowed values: 1 to "
+                f"{end_epoch - start_epoch + 1}. HINT: pruning runs at most once per epoch; widen the epoch range."
+            )
+        if importance == "taylor" and start_epoch < 1:
+            raise SpeedupConfigError(
+                "`importance`='taylor' with `start_epoch`=0 has no gradients to rank channels with. Allowed values: "
+                "start_epoch >= 1. HINT: or use importance='l1'."
+            )
+        if mode == "structured" and _torch_pruning_missing():
+            raise SpeedupConfigError(
+                "`mode`='structured' needs the optional package `torch_pruning`. Allowed values: 'unstructured' "
+                "without it. HINT: pip install 'lightning-speedups[pruning]'."
+            )
+        self.mode, self.amount, self.importance = mode, float(amount), importance
+        self.start_epoch, self.end_epoch, self.steps = start_epoch, end_epoch, steps
+        self.ignored_layers = None if ignored_layers is None else list(ignored_layers)
+        self.global_pruning, self.make_permanent, self.round_to = global_pruning, make_permanent, round_to
+        self.example_inputs = example_inputs
+        self.schedule = pruning_schedule(self.amount, start_epoch, end_epoch, steps)
+        # mutable state (saved in checkpoints)
+        self.steps_done = 0
+        self.applied = 0.0
+        self.params_dense: int | None = None
+        self.channels: dict[str, int] = {}  # dense channels per prunable layer: schedule targets are relative to them
+        self._masks: dict[str, torch.Tensor] = {}
+        self._model: L.LightningModule | None = None
+        self._ignored_names: list[str] | None = None
+        self.last_summary: PruningSummary | None = None
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(mode=self.mode, amount=self.amount)
+
+    # ------------------------------------------------------------------ setup / state
+    def _inputs(self, pl_module: L.LightningModule) -> Any:
+        x = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
+        if x is None:
+            return None
+        return x.to(pl_module.device) if isinstance(x, torch.Tensor) else x
+
+    def _ignored(self, pl_module: L.LightningModule) -> list[str]:
+        if self.ignored_layers is not None:
+            return self.ignored_layers
+        if self._ignored_names is None:
+            self._ignored_names = default_ignored_layers(pl_module, self._inputs(pl_module))
+        return self._ignored_names
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if trainer.ckpt_path:  # resume: rebuild the pruned structure before Lightning loads the weights strictly
+            ckpt = load_checkpoint_file(trainer.ckpt_path)
+            apply_structure_records(pl_module, ckpt)
+            own = (ckpt.get("callbacks") or {}).get(self.state_key)
+            if own is not None:
+                self.load_state_dict(own)
+        ignored = self._ignored(pl_module)
+        ignored_modules = _resolve_layers(pl_module, ignored)  # unknown names raise here, before training
+        if self.mode == "unstructured":
+            if not _mask_targets(pl_module, ignored_modules):
+                raise SpeedupConfigError(
+                    f"`ignored_layers`={ignored!r} leaves no conv/linear layer to prune. Allowed values: a list that "
+                    "leaves at least one layer."
+                )
+            return
+        from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
+        if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
+            raise SpeedupConfigError(
+                f"`strategy`={type(trainer.strategy).__name__} is not supported by structured pruning. Allowed "
+                "values: single device, 'ddp', 'ddp_spawn'. HINT: prune with prune_structured() before fitting."
+            )
+        inputs = self._inputs(pl_module)
+        if inputs is None:
+            raise SpeedupConfigError(
+                "`example_inputs`=None and the module has no `example_input_array`. Allowed values: an input batch. "
+                "HINT: Pruning(example_inputs=torch.zeros(1, 3, 32, 32)) or set self.example_input_array."
+            )
+        # validate the whole schedule now (refuses layers that would lose every channel) and note the dense widths
+        scorer = self.importance if self.importance != "taylor" else "l1"  # no gradients yet; only shapes matter
+        plan = prune_structured(pl_module, inputs, self.amount, scorer, ignored, self.global_pruning, self.round_to,
+                                dry_run=True, reference_channels=self.channels or None)  # fmt: skip
+        if not self.channels:
+            self.channels = plan.channels
+
+    def state_dict(self) -> dict[str, Any]:
+        masks = dict(self._masks)
+        if self.mode == "unstructured" and self._model is not None:
+            modules = self._model.named_modules()
+            live = {n: m.weight_mask.bool().clone() for n, m in modules if hasattr(m, "weight_mask")}
+            masks = live or masks  # after make_permanent the last masks are kept for a later resume
+        return {"steps_done": self.steps_done, "applied": self.applied, "params_dense": self.params_dense,
+                "channels": dict(self.channels), "masks": masks}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps_done = int(state_dict.get("steps_done", 0))
+        self.applied = float(state_dict.get("applied", 0.0))
+        self.params_dense = state_dict.get("params_dense")
+        self._masks = dict(state_dict.get("masks") or {})
+        self.channels = dict(state_dict.get("channels") or {})
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._model = pl_module
+        if self.params_dense is None:
+            self.params_dense = sum(p.numel() for p in pl_module.parameters())
+        if self.mode == "unstructured" and self._masks:  # resume: weights are loaded, re-attach the masks
+            from torch.nn.utils import prune as torch_prune
+
+            for name, mask in self._masks.items():
+                module = pl_module.get_submodule(name)
+                if not hasattr(module, "weight_mask"):
+                    torch_prune.custom_from_mask(module, "weight", mask.to(module.weight.device))
+
+    # ------------------------------------------------------------------ pruning
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        due = [(e, a) for e, a in self.schedule[self.steps_done :] if e <= trainer.current_epoch]
+        if not due:
+            return
+        target = due[-1][1]  # several steps due (e.g. resumed late): jump to the latest target
+        if self.mode == "structured":
+            summary = self._prune_structured(trainer, pl_module, target)
+        else:
+            summary = prune_unstructured(pl_module, target, self.importance, self._ignored(pl_module),
+                                         "global" if self.global_pruning else "layer")  # fmt: skip
+        self.steps_done += len(due)
+        self.applied = target
+        self.last_summary = summary
+        self._log(trainer, pl_module, target)
+
+    def _prune_structured(self, trainer: L.Trainer, pl_module: L.LightningModule, target: float) -> PruningSummary:
+        summary = prune_structured(pl_module, self._inputs(pl_module), target, self.importance,
+                                   self._ignored(pl_module), self.global_pruning, self.round_to,
+                                   reference_channels=self.channels or None)  # fmt: skip
+        if trainer.world_size > 1:
+            self._check_same_plan(trainer, pl_module, summary)
+        stats = rebuild_optimizers(trainer, pl_module, summary.origins)
+        rank_zero_info(
+            f"Pruning: {summary.params_before:,} -> {summary.params_after:,} parameters, MACs {summary.macs_before:,} "
+            f"-> {summary.macs_after:,}; optimizer state carried for {stats['carried']}, reset for {stats['reset']}."
+        )
+        return summary
+
+    @staticmethod
+    def _check_same_plan(trainer: L.Trainer, pl_module: L.LightningModule, summary: PruningSummary) -> None:
+        # every rank ranks the same (DDP-synchronised) weights, so the kept channels must agree: verify it
+        names = {id(p): n for n, p in pl_module.named_parameters()}
+        fp = torch.zeros(2, dtype=torch.float64, device=pl_module.device)
+        for pid, (_, kept) in summary.origins.items():
+            for dim, idx in kept.items():
+                w = (idx.double() + 1).mul(torch.arange(1, idx.numel() + 1, dtype=torch.float64)).sum()
+                fp[0] += w * (dim + 1) * (len(names.get(pid, "")) + 1)
+                fp[1] += idx.numel()
+        gathered = trainer.strategy.all_gather(fp)
+        if not torch.equal(gathered.min(0).values, gathered.max(0).values):
+            raise RuntimeError("Pruning chose different channels on different ranks; weights are out of sync.")
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, target: float) -> None:
+        total = sparsity_report(pl_module).total  # shared parameters counted once
+        masked = sum(int((m.weight_mask == 0).sum()) for m in pl_module.modules() if hasattr(m, "weight_mask"))
+        dense = self.params_dense or total
+        values = {
+            "pruning/amount": target,
+            "pruning/params": float(total - masked),  # parameters left (structured) or unmasked (unstructured)
+            "pruning/sparsity": 1.0 - (total - masked) / max(dense, 1),
+        }
+        inputs = self._inputs(pl_module)
+        if inputs is not None:
+            values["pruning/macs"] = float(count_macs(pl_module, inputs))
+        for key, value in values.items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False)
+
+    # ------------------------------------------------------------------ end / checkpoints
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.mode == "unstructured" and self.make_permanent:
+            self._masks = {
+                n: m.weight_mask.bool().clone() for n, m in pl_module.named_modules() if hasattr(m, "weight_mask")
+            }
+            make_pruning_permanent(pl_module)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.mode == "structured" and self.steps_done > 0:
+            store_structure_record(checkpoint, RECORD_KEY, pruned_structure_record(pl_module))
+        if "state_dict" in checkpoint:
+            checkpoint["state_dict"] = clean_pruned_state_dict(checkpoint["state_dict"])
+
+
+def _torch_pruning_missing() -> bool:
+    """True when torch-pruning cannot be imported (checked without importing it)."""
+    return importlib.util.find_spec("torch_pruning") is None
+
+
+register_technique(
+    TechniqueInfo(
+        name="pruning",
+        callback=Pruning,
+        functional=prune_structured,
+        summary="Structural channel pruning (torch-pruning) that shrinks every step; or correct mask pruning.",
+        requires=("torch_pruning",),
+        mission_tip="4",
+        bench="lightning_speedups.benchmarks.pruning:run",
+        example_kwargs={"amount": 0.5, "start_epoch": 0},
+        needs=("torch_pruning",),
+    )
+)

@@ -1,0 +1,185 @@
+"""Pruning callback: fit (one-shot, gradual, unstructured), resume, reload, DDP, misconfiguration."""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.callbacks.pruning import Pruning, pruning_schedule
+from lightning_speedups.demo import DemoClassifier
+from lightning_speedups.functional.pruning import load_pruned
+from tests.helpers import quiet_trainer
+
+pytest.importorskip("torch_pruning")
+
+
+def _loader(n: int = 16) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=4)
+
+
+def _fit(cb: Pruning, max_epochs: int, model: DemoClassifier | None = None, ckpt_path=None, **kw):
+    L.seed_everything(0)
+    model = model or DemoClassifier(width=8)
+    trainer = quiet_trainer(max_epochs=max_epochs, callbacks=[cb], limit_train_batches=2, limit_val_batches=0, **kw)
+    trainer.fit(model, _loader(), ckpt_path=ckpt_path)
+    return model, trainer
+
+
+def _assert_optimizer_live(trainer: L.Trainer, model: torch.nn.Module) -> None:
+    live = {id(p) for p in model.parameters()}
+    opt = trainer.optimizers[0]
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == live
+    assert all(id(p) in live for p in opt.state)
+
+
+def test_pruning_schedule_cubic():
+    sched = pruning_schedule(0.6, 1, 4, 4)
+    assert [e for e, _ in sched] == [1, 2, 3, 4]
+    amounts = [a for _, a in sched]
+    assert amounts[-1] == pytest.approx(0.6) and amounts == sorted(amounts)
+    assert amounts[0] - 0 > amounts[-1] - amounts[-2]  # cubic: big steps first
+    assert pruning_schedule(0.5, 3, 3, 1) == [(3, 0.5)]
+
+
+def test_pruning_fit_one_shot():
+    cb = Pruning(amount=0.5, start_epoch=0)
+    model, trainer = _fit(cb, max_epochs=1)
+    assert model.head.in_features == 16 and model.backbone[0][0].out_channels == 4
+    _assert_optimizer_live(trainer, model)
+    metrics = trainer.callback_metrics
+    assert 0.6 < float(metrics["pruning/sparsity"]) < 0.8  # half the channels: ~3/4 of the conv weights
+    assert float(metrics["pruning/params"]) == sum(p.numel() for p in model.parameters())
+    assert float(metrics["pruning/macs"]) > 0
+
+
+def test_pruning_fit_gradual_resume_reload(tmp_path):
+    # uninterrupted: 2 steps at epochs 0 and 2 (cubic targets 0.4375, 0.5 of the dense channels, no drift)
+    ref_cb = Pruning(amount=0.5, start_epoch=0, end_epoch=2, steps=2)
+    ref, ref_trainer = _fit(ref_cb, max_epochs=3)
+    assert ref_cb.steps_done == 2 and ref.backbone[0][0].out_channels == 4 and ref.backbone[6][0].out_channels == 16
+    _assert_optimizer_live(ref_trainer, ref)
+    final = tmp_path / "final.ckpt"
+    ref_trainer.save_checkpoint(final)
+
+    # interrupted after epoch 1 (one step done), then resumed with a fresh model and callback
+    first, first_trainer = _fit(Pruning(amount=0.5, start_epoch=0, end_epoch=2, steps=2), max_epochs=2)
+    assert first.backbone[6][0].out_channels == 18  # int(32 * (1 - 0.4375))
+    mid = tmp_path / "mid.ckpt"
+    first_trainer.save_checkpoint(mid)
+    resumed_cb = Pruning(amount=0.5, start_epoch=0, end_epoch=2, steps=2)
+    resumed, _ = _fit(resumed_cb, max_epochs=3, ckpt_path=mid)
+    assert resumed_cb.steps_done == 2
+    for (name, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+    # reload the final checkpoint into fresh models: strict Lightning load, weights_only, plain-module loader
+    x = torch.randn(2, 3, 32, 32)
+    expected = ref.eval()(x)
+    for loaded in (
+        DemoClassifier.load_from_checkpoint(final),
+        DemoClassifier.load_from_checkpoint(final, weights_only=True),
+        load_pruned(DemoClassifier(width=8), final),
+    ):
+        torch.testing.assert_close(loaded.eval()(x), expected)
+
+
+def test_pruning_fit_unstructured(tmp_path):
+    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0, end_epoch=1, steps=2, make_permanent=False)
+    model, trainer = _fit(cb, max_epochs=2)
+    masked = [m for m in model.modules() if hasattr(m, "weight_mask")]
+    assert len(masked) == 5 and not hasattr(model.head, "weight_mask")  # classifier ignored
+    zeros = sum(int((m.weight_mask == 0).sum()) for m in masked)
+    total = sum(m.weight_mask.numel() for m in masked)
+    assert zeros == round(0.5 * total)  # exact global sparsity
+    trainer.save_checkpoint(tmp_path / "u.ckpt")
+    ckpt = torch.load(tmp_path / "u.ckpt", weights_only=True)
+    assert not [k for k in ckpt["state_dict"] if k.endswith(("_orig", "_mask"))]
+    fresh = DemoClassifier.load_from_checkpoint(tmp_path / "u.ckpt")  # strict: clean keys
+    assert int((fresh.backbone[0][0].weight == 0).sum()) == int((masked[0].weight_mask == 0).sum())
+
+    permanent = Pruning(mode="unstructured", amount=0.5, start_epoch=0)
+    model, _ = _fit(permanent, max_epochs=1)
+    assert not [m for m in model.modules() if hasattr(m, "weight_mask")]  # masks folded in at the end
+    assert float(model.backbone[0][0].weight.eq(0).float().mean()) > 0
+
+
+class _SaveState(L.Callback):
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer, pl_module):
+        opt = trainer.optimizers[0]
+        live = {id(p) for p in pl_module.parameters()}
+        stale = sum(id(p) not in live for g in opt.param_groups for p in g["params"])
+        torch.save({"state": pl_module.state_dict(), "stale": stale}, f"{self.out_dir}/rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.ddp
+def test_pruning_ddp(tmp_path):
+    cb = Pruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2)
+    model = DemoClassifier(width=8)
+    trainer = quiet_trainer(
+        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, limit_train_batches=2,
+        limit_val_batches=0, callbacks=[cb, _SaveState(str(tmp_path))],
+    )  # fmt: skip
+    trainer.fit(model, _loader())
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert r0["stale"] == r1["stale"] == 0
+    assert r0["state"]["head.weight"].shape == (10, 16)
+    assert r0["state"].keys() == r1["state"].keys()
+    for name in r0["state"]:
+        if "running" in name or "num_batches" in name:  # BN statistics are per rank without SyncBatchNorm
+            assert r0["state"][name].shape == r1["state"][name].shape
+            continue
+        torch.testing.assert_close(r0["state"][name], r1["state"][name], msg=name)
+
+
+def test_pruning_misconfiguration(monkeypatch):
+    with pytest.raises(SpeedupConfigError, match="`mode`='magic' is not supported"):
+        Pruning(mode="magic")
+    with pytest.raises(SpeedupConfigError, match="`amount`=1.0 is out of range"):
+        Pruning(amount=1.0)
+    with pytest.raises(SpeedupConfigError, match="`amount`=5 is out of range"):
+        Pruning(amount=5)
+    with pytest.raises(SpeedupConfigError, match="`end_epoch`=1 is before `start_epoch`=2"):
+        Pruning(start_epoch=2, end_epoch=1)
+    with pytest.raises(SpeedupConfigError, match="`start_epoch`=-1 is invalid"):
+        Pruning(start_epoch=-1)
+    with pytest.raises(SpeedupConfigError, match="`steps`=4 is invalid for epochs \\[0, 2\\]"):
+        Pruning(start_epoch=0, end_epoch=2, steps=4)
+    with pytest.raises(SpeedupConfigError, match="`importance`='fisher' is not supported"):
+        Pruning(importance="fisher")
+    with pytest.raises(SpeedupConfigError, match="`importance`='bn_scale' is not supported"):
+        Pruning(mode="unstructured", importance="bn_scale")
+    with pytest.raises(SpeedupConfigError, match="'taylor' with `start_epoch`=0 has no gradients"):
+        Pruning(importance="taylor")
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "torch_pruning", None)
+        with pytest.raises(SpeedupConfigError, match="lightning-speedups\\[pruning\\]"):
+            Pruning(mode="structured")
+        Pruning(mode="unstructured")  # masks need only torch
+
+    def setup_error(cb: Pruning, model: DemoClassifier | None = None) -> None:
+        trainer = quiet_trainer(max_steps=1, callbacks=[cb], limit_val_batches=0)
+        trainer.fit(model or DemoClassifier(width=8), _loader(4))
+
+    with pytest.raises(SpeedupConfigError, match="`ignored_layers` names unknown modules: \\['classifier'\\]"):
+        setup_error(Pruning(ignored_layers=["classifier"]))
+    with pytest.raises(SpeedupConfigError, match="leaves no prunable layer"):
+        setup_error(Pruning(ignored_layers=["backbone", "head"]))
+    with pytest.raises(SpeedupConfigError, match="leaves no conv/linear layer to prune"):
+        setup_error(Pruning(mode="unstructured", ignored_layers=["backbone", "head"]))
+    with pytest.raises(SpeedupConfigError, match="would remove all 2 channels of layer 'backbone.1.0'"):
+        setup_error(Pruning(amount=0.6), DemoClassifier(width=2))
+    no_inputs = DemoClassifier(width=8)
+    no_inputs.example_input_array = None
+    with pytest.raises(SpeedupConfigError, match="no `example_input_array`"):
+        setup_error(Pruning(), no_inputs)
