@@ -1,0 +1,182 @@
+"""Benchmark: data on the device (DeviceDataLoader + BatchAugment) vs a DataLoader with per-sample v2 transforms.
+
+Same data (generated CIFAR-shaped shapes, uint8 3x32x32), same augmentation (pad-4 random crop, horizontal flip,
+normalise), batch 256. Measured, interleaved (A B A B ...): samples/s of the data pipeline alone (one epoch), and
+samples/s of a full train step (forward, backward, Adam) of the demo model fed by each pipeline. The accuracy cost is
+measured in full mode by training the same model for one epoch with each pipeline.
+
+Run: ``python -m lightning_speedups.benchmarks.data`` (add ``--full`` for the longer run, ``--threads N`` to set
+torch's intra-op threads: on a machine shared with other jobs, 1 thread avoids OpenMP threads waiting on each other).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, machine_info, median, speed_ratio
+
+__all__ = ["run"]
+
+_MEAN, _STD = [0.5] * 3, [0.25] * 3  # the ShapesDataModule's normalisation
+
+
+def _pipelines(n: int, batch_size: int, seed: int = 0) -> dict[str, Callable[[], Iterable[Any]]]:
+    """Factories of one epoch's batches for each data path, all over the same images."""
+    from lightning_speedups.data import BatchAugment, DeviceDataLoader
+    from lightning_speedups.demo import ShapesDataModule, ShapesDataset
+    from lightning_speedups.demo.data import _TransformDataset
+
+    ds = ShapesDataset(n=n, seed=seed)
+    per_sample = _TransformDataset(ds.images, ds.labels, ShapesDataModule().transforms(train=True))
+    baseline = DataLoader(per_sample, batch_size=batch_size, shuffle=True, num_workers=0)
+
+    def device_loader(**aug: Any) -> DeviceDataLoader:
+        transform = BatchAugment(padding=4, hflip=0.5, mean=_MEAN, std=_STD, seed=seed, **aug) if aug else None
+        return DeviceDataLoader(ds.images, ds.labels, batch_size=batch_size, seed=seed, transform=transform)
+
+    pipes: dict[str, Callable[[], Iterable[Any]]] = {
+        "dataloader+v2": lambda: baseline,
+        "device": lambda: device_loader(),
+        "device+vectorized": lambda: device_loader(backend="vectorized"),
+    }
+    try:
+        import kornia  # noqa: F401
+
+        pipes["device+kornia"] = lambda: device_loader(backend="kornia")
+    except ImportError:
+        pass
+    return pipes
+
+
+def _consume(loader: Iterable[Any], limit: int | None = None) -> int:
+    seen = 0
+    for i, (x, _) in enumerate(loader):
+        if limit is not None and i >= limit:
+            break
+        seen += x.shape[0]
+    return seen
+
+
+def _train_accuracy(loader: Iterable[Any], val: tuple[torch.Tensor, torch.Tensor], width: int, seed: int) -> float:
+    from lightning_speedups.demo import DemoClassifier
+
+    torch.manual_seed(seed)
+    model = DemoClassifier(width=width)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        x, y = val
+        xv = (x.float() / 255 - 0.5) / 0.25
+        return float((model(xv).argmax(1) == y).float().mean())
+
+
+def run(quick: bool = True) -> list[BenchRow]:
+    """Measure the data pipelines and the train step fed by them; return one row per candidate.
+
+    Args:
+        quick: about 15 s on 2 cores (2048 images, 3 repeats); ``False`` uses 4096 images, 5 repeats and also
+            measures the accuracy after one training epoch with each pipeline.
+
+    Returns:
+        :class:`BenchRow` s; ``ratio`` = candidate samples/s / baseline samples/s.
+    """
+    n, repeats, width, steps = (2048, 3, 8, 3) if quick else (4096, 5, 16, 6)
+    batch_size = 256
+    pipes = _pipelines(n, batch_size)
+    rows: list[BenchRow] = []
+
+    # 1) the data pipeline alone: one full epoch each
+    fns = {name: (lambda f=factory: _consume(f())) for name, factory in pipes.items()}
+    times = interleaved_timings(fns, repeats=repeats, warmup=1)
+    base = times["dataloader+v2"]
+    for name in pipes:
+        if name == "dataloader+v2":
+            continue
+        rows.append(
+            BenchRow(
+                technique="device_data",
+                variant=f"pipeline: {name}",
+                metric="samples/s",
+                baseline=n / median(base),
+                candidate=n / median(times[name]),
+                ratio=speed_ratio(base, times[name]),
+                unit="samples/s",
+                note="data only (no model)" + ("; no augmentation: upper bound" if name == "device" else ""),
+            )
+        )
+
+    # 2) a full train step of the demo model, fed by the baseline and by the fastest device pipeline
+    from lightning_speedups.demo import DemoClassifier
+
+    torch.manual_seed(0)
+    model = DemoClassifier(width=width)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def train(factory: Callable[[], Iterable[Any]]) -> None:
+        for i, (x, y) in enumerate(factory()):
+            if i >= steps:
+                break
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    cand = "device+vectorized"
+    step_times = interleaved_timings(
+        {"dataloader+v2": lambda: train(pipes["dataloader+v2"]), cand: lambda: train(pipes[cand])},
+        repeats=repeats,
+        warmup=1,
+    )
+    acc_base = acc_cand = None
+    note = f"DemoClassifier(width={width}), {steps} steps of batch {batch_size}, Adam"
+    if not quick:
+        from lightning_speedups.demo import ShapesDataset
+
+        val = ShapesDataset(n=1024, seed=1)
+        acc_base = _train_accuracy(pipes["dataloader+v2"](), (val.images, val.labels), width, 0)
+        acc_cand = _train_accuracy(pipes[cand](), (val.images, val.labels), width, 0)
+        note += "; accuracy: 1 epoch each, same seed"
+    else:
+        note += "; same augmentations (accuracy measured in full mode)"
+    samples = steps * batch_size
+    rows.append(
+        BenchRow(
+            technique="device_data",
+            variant=f"train step: {cand}",
+            metric="samples/s",
+            baseline=samples / median(step_times["dataloader+v2"]),
+            candidate=samples / median(step_times[cand]),
+            ratio=speed_ratio(step_times["dataloader+v2"], step_times[cand]),
+            unit="samples/s",
+            accuracy_baseline=acc_base,
+            accuracy_candidate=acc_cand,
+            note=note,
+        )
+    )
+    return rows
+
+
+def _print(rows: list[BenchRow]) -> None:
+    print(machine_info())
+    print(f"{'variant':34s} {'baseline':>12s} {'candidate':>12s} {'ratio':>8s}  note")
+    for r in rows:
+        acc = "" if r.accuracy_delta is None else f" acc {r.accuracy_baseline:.3f}->{r.accuracy_candidate:.3f}"
+        verdict = "" if r.ratio > 1.05 else " (no speedup)"
+        print(f"{r.variant:34s} {r.baseline:12.0f} {r.candidate:12.0f} {r.ratio:7.1f}x{verdict}  {r.note}{acc}")
+
+
+if __name__ == "__main__":
+    if "--threads" in sys.argv:  # e.g. --threads 1 on a machine shared with other jobs (spinning OpenMP threads)
+        torch.set_num_threads(int(sys.argv[sys.argv.index("--threads") + 1]))
+    _print(run(quick="--full" not in sys.argv))
