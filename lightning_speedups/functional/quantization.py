@@ -328,7 +328,12 @@ def _float_copy(model: nn.Module) -> nn.Module:
 
 def _float_layers(model: nn.Module) -> list[str]:
     kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    return [n for n, m in model.named_modules() if type(m) in kinds or isinstance(m, _FakeQuantMixin)]
+    # torchao keeps the module class and swaps the weight for an int8 tensor subclass: only plain tensors are float
+    return [
+        n
+        for n, m in model.named_modules()
+        if (type(m) in kinds or isinstance(m, _FakeQuantMixin)) and type(m.weight.data) is torch.Tensor
+    ]
 
 
 def _x86_engine() -> None:

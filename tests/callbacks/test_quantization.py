@@ -58,7 +58,9 @@ def test_qat_misconfiguration(monkeypatch):
         QuantizationAwareTraining(backend="tensorrt")
     dm = _Digits()
     with pytest.raises(SpeedupConfigError, match="`start_epoch`=3 is not before `max_epochs`=2"):
-        quiet_trainer(max_epochs=2, callbacks=[QuantizationAwareTraining(start_epoch=3)]).fit(DemoClassifier(width=8), dm)
+        quiet_trainer(max_epochs=2, callbacks=[QuantizationAwareTraining(start_epoch=3)]).fit(
+            DemoClassifier(width=8), dm
+        )
     no_layers = QuantizationAwareTraining(layers=("linear",), exclude=("head",))
     with pytest.raises(SpeedupConfigError, match="has no layer eligible for QAT"):
         quiet_trainer(max_steps=1, callbacks=[no_layers]).fit(DemoClassifier(width=8), dm)
@@ -87,8 +89,14 @@ def test_qat_fit():
     head_before = model.head.weight.detach().clone()
     trainer.fit(model, DigitsDataModule(batch_size=32))
     assert seen == {0: False, 1: True, 2: True}
-    assert set(qat.summary.converted) == {"backbone.0.0", "backbone.1.0", "backbone.3.0", "backbone.4.0",
-                                          "backbone.6.0", "head"}
+    assert set(qat.summary.converted) == {
+        "backbone.0.0",
+        "backbone.1.0",
+        "backbone.3.0",
+        "backbone.4.0",
+        "backbone.6.0",
+        "head",
+    }
     assert not torch.equal(stats[0], stats[1])  # BN still learning in epoch 1
     torch.testing.assert_close(stats[1], stats[2])  # frozen in epoch 2
     assert not torch.equal(head_before, model.head.weight)  # the optimizer still updates the shared parameters
@@ -141,8 +149,9 @@ def test_qat_test_best_checkpoint_and_second_fit(tmp_path):
 
 def test_qat_convert_on_fit_end():
     model = DemoMLP(hidden=(64,))
-    qat = QuantizationAwareTraining(convert_on_fit_end=True, backend="eager_dynamic",
-                                    example_inputs=torch.randn(16, 3, 32, 32))
+    qat = QuantizationAwareTraining(
+        convert_on_fit_end=True, backend="eager_dynamic", example_inputs=torch.randn(16, 3, 32, 32)
+    )
     quiet_trainer(max_steps=2, limit_val_batches=1, callbacks=[qat]).fit(model, _Digits())
     assert qat.report is not None and qat.report.candidates["eager_dynamic"]["status"] == "ok"
     assert qat.quantized_model is not None
@@ -161,7 +170,11 @@ class _SaveState(Callback):
 def test_qat_ddp_ranks_identical(tmp_path):
     model = DemoClassifier(width=8)
     trainer = quiet_trainer(
-        accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=3, limit_val_batches=0,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=3,
+        limit_val_batches=0,
         callbacks=[QuantizationAwareTraining(), _SaveState(tmp_path)],
     )
     trainer.fit(model, DigitsDataModule(batch_size=16, augment=False))
@@ -227,8 +240,9 @@ def test_float8_fit_cuda():
 
     model = DemoMLP(hidden=(1024, 1024))
     cb = Float8Training()
-    trainer = quiet_trainer(accelerator="cuda", max_steps=3, limit_val_batches=1, precision="bf16-mixed",
-                            callbacks=[cb])
+    trainer = quiet_trainer(
+        accelerator="cuda", max_steps=3, limit_val_batches=1, precision="bf16-mixed", callbacks=[cb]
+    )
     trainer.fit(model, _Digits())
     assert isinstance(model.backbone[3], Float8Linear)
     assert trainer.callback_metrics["train_loss"].isfinite()
