@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
 from lightning_speedups._rebuild import rebuild_optimizers
@@ -282,7 +282,7 @@ class Pruning(L.Callback):
         if inputs is not None:
             values["pruning/macs"] = float(count_macs(pl_module, inputs))
         for key, value in values.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False)
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True)  # same on every rank
 
     # ------------------------------------------------------------------ end / checkpoints
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -291,6 +291,33 @@ class Pruning(L.Callback):
                 n: m.weight_mask.bool().clone() for n, m in pl_module.named_modules() if hasattr(m, "weight_mask")
             }
             make_pruning_permanent(pl_module)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+        launcher = getattr(trainer.strategy, "launcher", None)
+        if stage != "fit" or not isinstance(launcher, _MultiProcessingLauncher):
+            return
+        # ddp_spawn: this process is a worker; the launcher hands rank 0's state_dict to the main process's model
+        if self.mode == "unstructured":
+            make_pruning_permanent(pl_module)  # clean `weight` keys, or the main process would skip them silently
+        elif self.steps_done > 0 and trainer.global_rank == 0:
+            collect = launcher._collect_rank_zero_results
+
+            def without_weights(trainer: L.Trainer, results: Any) -> Any:
+                out = collect(trainer, results)
+                if out is not None and out.weights_path is not None:
+                    trainer.strategy.checkpoint_io.remove_checkpoint(out.weights_path)
+                    out = out._replace(weights_path=None)
+                return out
+
+            # the main process's unpruned model cannot take pruned shapes (non-strict load still fails on sizes)
+            launcher._collect_rank_zero_results = without_weights  # type: ignore[method-assign]
+            rank_zero_warn(
+                "Pruning under a spawn launcher: the model object in the main process keeps its pre-fit weights, "
+                "because it cannot take the pruned shapes. Load the trained model from a checkpoint instead, e.g. "
+                "`MyModel.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)`, or use strategy='ddp'."
+            )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.mode == "structured" and self.steps_done > 0:
