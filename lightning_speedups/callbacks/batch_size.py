@@ -303,14 +303,14 @@ class ThroughputBatchSizeFinder(Callback):
         device = trainer.strategy.root_device
         meter = MemoryMeter(device, local_world_size=getattr(trainer, "num_devices", 1) if device.type == "cpu" else 1)
         allowed = None
+        target = self._global_target(trainer, pl_module) if self.keep_global_batch is not False else None
         cap = self.config.max_val
         length = self._dataset_len(trainer)
         if length is None:
             length = self._probe_len(trainer, pl_module)
         if length is not None:
             cap = min(cap, max(1, length))
-        if self.keep_global_batch is not False:
-            target = self._global_target(trainer, pl_module)
+        if target is not None:
             allowed = lambda b: target % b == 0  # noqa: E731
             cap = min(cap, target)
         ladder = batch_size_ladder(min(self.config.init_val, cap), cap, allowed)
@@ -353,8 +353,8 @@ class ThroughputBatchSizeFinder(Callback):
         result.base_batch_size = base
         result.epoch = trainer.current_epoch
         result.search_time_s = time.perf_counter() - start
-        if self.keep_global_batch is not False:
-            result.accumulate_grad_batches = max(1, self._global_target(trainer, pl_module) // chosen)
+        if target is not None:
+            result.accumulate_grad_batches = max(1, target // chosen)
         self._apply(trainer, pl_module, result, fresh=True)
         self.result = result
         self.history.append(result)

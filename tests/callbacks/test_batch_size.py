@@ -1,0 +1,271 @@
+"""ThroughputBatchSizeFinder on the demo task: restore exactness, OOM, LR scaling, accumulation, resume, DDP."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
+from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+from tests.helpers import quiet_trainer
+
+
+def Digits(batch_size: int = 32) -> DigitsDataModule:  # noqa: N802
+    return DigitsDataModule(batch_size=batch_size, size=16)
+
+TINY = dict(steps_per_trial=1, warmup_steps=0, verbose=False)
+
+
+def finder(**kw: Any) -> ThroughputBatchSizeFinder:
+    return ThroughputBatchSizeFinder(**{**TINY, **kw})
+
+
+class OOMAbove(DemoClassifier):
+    """Raises a (simulated) CUDA out-of-memory error for batches of ``limit`` or more (only on ``rank`` if given)."""
+
+    def __init__(self, limit: int = 64, rank: int | None = None, **kw: Any) -> None:
+        super().__init__(width=8, **kw)
+        self.limit, self.oom_rank = limit, rank
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch[0].shape[0] >= self.limit and self.oom_rank in (None, self.global_rank):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return super().training_step(batch, batch_idx)
+
+
+class BatchSizes(Callback):
+    """Records the batch sizes training actually used, per epoch."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[int]] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        self.seen.setdefault(trainer.current_epoch, []).append(batch[0].shape[0])
+
+
+def test_batch_size_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match="`init_val`=128 is larger than `max_val`=64"):
+        ThroughputBatchSizeFinder(init_val=128, max_val=64)
+    with pytest.raises(SpeedupConfigError, match="`init_val`=0 is invalid. Allowed values: a positive integer"):
+        ThroughputBatchSizeFinder(init_val=0)
+    with pytest.raises(SpeedupConfigError, match="`memory_budget`=0 is out of range"):
+        ThroughputBatchSizeFinder(memory_budget=0)
+    with pytest.raises(SpeedupConfigError, match="`memory_budget`=1.2 is out of range"):
+        ThroughputBatchSizeFinder(memory_budget=1.2)
+    with pytest.raises(SpeedupConfigError, match="`mode`='binsearch' is not supported"):
+        ThroughputBatchSizeFinder(mode="binsearch")
+    with pytest.raises(SpeedupConfigError, match="`scale_lr`='cubic' is not supported"):
+        ThroughputBatchSizeFinder(scale_lr="cubic")
+    with pytest.raises(SpeedupConfigError, match="cannot be combined with `keep_global_batch`"):
+        ThroughputBatchSizeFinder(scale_lr="linear", keep_global_batch=True)
+    with pytest.raises(SpeedupConfigError, match="`keep_global_batch`=-4 is invalid"):
+        ThroughputBatchSizeFinder(keep_global_batch=-4)
+    with pytest.raises(SpeedupConfigError, match="`attr_name`='batch size' is invalid"):
+        ThroughputBatchSizeFinder(attr_name="batch size")
+    with pytest.raises(SpeedupConfigError, match=r"`rerun_at_epochs`=\[-1\] is invalid"):
+        ThroughputBatchSizeFinder(rerun_at_epochs=[-1])
+
+    def fit(cb: Callback, dm: Any = None, loader: Any = None, **kw: Any) -> None:
+        trainer = quiet_trainer(max_steps=1, callbacks=[cb] + kw.pop("extra", []), **kw)
+        trainer.fit(DemoClassifier(width=8), train_dataloaders=loader, datamodule=dm)
+
+    with pytest.raises(SpeedupConfigError, match="`attr_name`='micro_batch' was not found. Looked in: the model, "
+                       "the datamodule, `model.hparams` and `datamodule.hparams`"):
+        fit(finder(attr_name="micro_batch"), Digits())
+    with pytest.raises(SpeedupConfigError, match="asks for 5000 samples per optimizer step but the training set has"):
+        fit(finder(keep_global_batch=5000), Digits())
+    with pytest.raises(SpeedupConfigError, match="target 8 is smaller than `init_val`=16"):
+        fit(finder(keep_global_batch=8, init_val=16), Digits())
+    with pytest.raises(SpeedupConfigError, match="cannot be used with a `GradientAccumulationScheduler`"):
+        fit(finder(keep_global_batch=True), Digits(), extra=[GradientAccumulationScheduler({0: 2})])
+
+    class MyLoader(DataLoader):
+        pass
+
+    data = TensorDataset(torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))
+    with pytest.raises(SpeedupConfigError, match="is a `MyLoader`, whose batch size cannot be changed"):
+        fit(finder(), loader=MyLoader(data, batch_size=8))
+
+    class FixedDM(DigitsDataModule):
+        def train_dataloader(self) -> DataLoader:
+            return DataLoader(self.train_set, batch_size=10)
+
+    with pytest.raises(SpeedupConfigError, match="was set to 16 but the train dataloader still uses batch size 10"):
+        fit(finder(), FixedDM())
+    assert os.listdir(".") == []
+
+
+def _train(cb: Callback | None, steps: int = 3) -> dict[str, torch.Tensor]:
+    L.seed_everything(0, verbose=False)
+    dm, model = Digits(batch_size=32), DemoClassifier(width=8)
+    trainer = quiet_trainer(max_steps=steps, limit_val_batches=0, callbacks=[cb] if cb else [])
+    trainer.fit(model, datamodule=dm)
+    return {**model.state_dict(), **{f"opt.{k}": v["exp_avg"] for k, v in trainer.optimizers[0].state_dict()["state"]
+                                     .items()}}
+
+
+def test_batch_size_fit_restores_training_exactly():
+    cb = finder(mode="max_fit", init_val=16, max_val=32, steps_per_trial=2, progress_bar=True)
+    with_search = _train(cb)
+    plain = _train(None)
+    # trial steps changed weights, optimizer state, BN stats, metrics and RNG: all were put back bitwise
+    assert cb.result is not None and [t.batch_size for t in cb.result.trials] == [16, 32]
+    assert cb.result.chosen == 32 and cb.result.stop_reason == "max_val"
+    assert set(with_search) == set(plain)
+    assert all(torch.equal(with_search[k], plain[k]) for k in plain)
+    assert os.listdir(".") == []
+
+
+def test_batch_size_throughput_mode_logs_table(caplog):
+    dm = Digits(batch_size=32)
+    cb = ThroughputBatchSizeFinder(init_val=8, max_val=64, steps_per_trial=1, warmup_steps=0)
+    model = DemoClassifier(width=8)
+    model.train_acc.eval()  # a module left in eval mode stays in eval mode
+    with caplog.at_level("INFO"):
+        quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(model, datamodule=dm)
+    assert cb.result.chosen in [t.batch_size for t in cb.result.trials] and dm.batch_size == cb.result.chosen
+    assert cb.result.stop_reason in ("plateau", "max_val")
+    assert "samples/s" in caplog.text and "chosen" in caplog.text
+    assert model.train_acc.training is False
+
+
+def test_batch_size_restores_when_step_raises():
+    class Boom(DemoClassifier):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if batch[0].shape[0] == 32:
+                raise ValueError("boom at 32")
+            return super().training_step(batch, batch_idx)
+
+    model, dm = Boom(width=8), Digits(batch_size=8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    with pytest.raises(ValueError, match="boom at 32"):
+        quiet_trainer(max_steps=1, callbacks=[finder(init_val=16, max_val=64)]).fit(model, datamodule=dm)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert dm.batch_size == 8 and os.listdir(".") == []
+
+
+def test_batch_size_simulated_oom_steps_back():
+    cb = finder(mode="max_fit", init_val=16, max_val=1024)
+    dm = Digits(batch_size=8)
+    quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(OOMAbove(limit=64), datamodule=dm)
+    assert [(t.batch_size, t.status) for t in cb.result.trials] == [(16, "ok"), (32, "ok"), (64, "oom")]
+    assert cb.result.chosen == 32 and dm.batch_size == 32 and cb.result.stop_reason == "out of memory"
+    # with bisection it refines between the last good size and the first failure
+    cb = finder(mode="max_fit", init_val=16, max_val=1024, refine_steps=2)
+    quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(OOMAbove(limit=64), datamodule=dm)
+    assert cb.result.chosen == 56 and cb.result.trial(48).ok and cb.result.trial(56).ok
+
+
+@pytest.mark.parametrize("rule, factor", [("linear", 4.0), ("sqrt", 2.0)])
+def test_batch_size_scale_lr(rule, factor):
+    class WithScheduler(DemoClassifier):
+        def configure_optimizers(self) -> Any:
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 100)}
+
+    cb = finder(mode="max_fit", init_val=64, max_val=64, scale_lr=rule)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
+    trainer.fit(WithScheduler(width=8), datamodule=Digits(batch_size=16))
+    assert cb.result.lr_factor == pytest.approx(factor)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * factor)
+    assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [pytest.approx(0.1 * factor)]
+    # SpeedupMixin model: its optimizer_config follows, so rebuilt optimizers keep the scaled lr
+    model = DemoClassifier(width=8, optimizer_config={"name": "sgd", "lr": 0.1})
+    cb = finder(mode="max_fit", init_val=64, max_val=64, scale_lr=rule)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
+    trainer.fit(model, datamodule=Digits(batch_size=16))
+    assert model.optimizer_config.lr == pytest.approx(0.1 * factor)
+    for group in trainer.optimizers[0].param_groups:
+        assert group["lr"] == pytest.approx(0.1 * factor * group.get("lr_mult", 1.0))
+
+
+@pytest.mark.parametrize("keep, accumulate, max_val, chosen, accumulated", [
+    (True, 2, 4096, 64, 1),  # 32 x 2 kept: 64 fits, accumulation drops to 1
+    (64, 1, 16, 16, 4),  # an explicit target: 16 per step, 4 accumulated
+])
+def test_batch_size_keep_global_batch(keep, accumulate, max_val, chosen, accumulated):
+    cb = finder(mode="max_fit", init_val=16, max_val=max_val, keep_global_batch=keep)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb], accumulate_grad_batches=accumulate)
+    dm = Digits(batch_size=32)
+    trainer.fit(DemoClassifier(width=8), datamodule=dm)
+    assert [t.batch_size for t in cb.result.trials][-1] == chosen and dm.batch_size == chosen
+    assert trainer.accumulate_grad_batches == accumulated and cb.result.accumulate_grad_batches == accumulated
+
+
+def test_batch_size_resume_does_not_search_again(tmp_path, monkeypatch):
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    cb = finder(mode="max_fit", init_val=32, max_val=64, scale_lr="linear")
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[cb, ckpt], enable_checkpointing=True)
+    trainer.fit(DemoClassifier(width=8), datamodule=Digits(batch_size=16))
+    assert cb.result.chosen == 64 and trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(4e-3)
+
+    def no_trials(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("searched again on resume")
+
+    monkeypatch.setattr(ThroughputBatchSizeFinder, "_trial", no_trials)
+    resumed = finder(mode="max_fit", init_val=32, max_val=64, scale_lr="linear")
+    dm, model, seen = Digits(batch_size=16), DemoClassifier(width=8), BatchSizes()
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=0, callbacks=[resumed, seen])
+    trainer.fit(model, datamodule=dm, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert resumed.result.chosen == 64 and len(resumed.history) == 1 and dm.batch_size == 64
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(4e-3)  # from the checkpoint, not rescaled
+    assert model.optimizer_config.lr == pytest.approx(4e-3)
+    assert seen.seen == {0: [64, 64]} and trainer.global_step == 4
+
+
+def test_batch_size_rerun_at_later_epoch():
+    cb = finder(mode="max_fit", init_val=16, max_val=32, rerun_at_epochs=(1,))
+
+    class Shrink(Callback):  # change the search space after epoch 0 so the re-run must pick another size
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            cb.config = dataclasses.replace(cb.config, max_val=16)
+
+    seen = BatchSizes()
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, callbacks=[cb, Shrink(), seen])
+    trainer.fit(DemoClassifier(width=8), datamodule=Digits(batch_size=8))
+    assert seen.seen == {0: [32, 32], 1: [16, 16]}
+    assert [r.epoch for r in cb.history] == [0, 1] and trainer.global_step == 4 and trainer.current_epoch == 2
+
+
+def test_batch_size_with_dataloader_passed_to_fit():
+    data = TensorDataset(torch.randn(200, 3, 32, 32), torch.randint(0, 10, (200,)))
+    cb, seen = finder(mode="max_fit", init_val=16, max_val=64), BatchSizes()
+    trainer = quiet_trainer(max_steps=2, callbacks=[cb, seen])
+    trainer.fit(DemoClassifier(width=8), train_dataloaders=DataLoader(data, batch_size=8, shuffle=True))
+    assert cb.result.chosen == 64 and cb.result.base_batch_size == 8 and seen.seen == {0: [64, 64]}
+
+
+class _WriteResult(Callback):
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        cb = next(c for c in trainer.callbacks if isinstance(c, ThroughputBatchSizeFinder))
+        record = {"chosen": cb.result.chosen, "dm": trainer.datamodule.batch_size,
+                  "trials": [[t.batch_size, t.status] for t in cb.result.trials]}
+        Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.ddp
+def test_batch_size_ddp_ranks_agree(tmp_path):
+    # only rank 1 runs out of memory at 64: both ranks must still stop there and train with 32
+    cb = finder(mode="max_fit", init_val=16, max_val=128)
+    trainer = quiet_trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=1, limit_val_batches=0,
+                            callbacks=[cb, _WriteResult(str(tmp_path))], default_root_dir=tmp_path)
+    trainer.fit(OOMAbove(limit=64, rank=1), datamodule=Digits(batch_size=8))
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rec in records:
+        assert rec["chosen"] == 32 and rec["dm"] == 32
+        assert rec["trials"] == [[16, "ok"], [32, "ok"], [64, "oom"]]
