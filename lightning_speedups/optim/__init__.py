@@ -1,5 +1,6 @@
 """Optimizer and LR-scheduler configuration (mission tips 2 and 3): configs, registries, mixin, LR finder rules."""
 
+from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.optim.config import (
     OptimizerConfig,
     SchedulerConfig,
@@ -7,6 +8,7 @@ from lightning_speedups.optim.config import (
     as_scheduler_config,
     scale_lr,
 )
+from lightning_speedups.optim.lr_finder import LR_RULES, LRFinderResult, apply_lr, suggest_from_curve, suggest_lr
 from lightning_speedups.optim.mixin import SpeedupMixin, effective_batch_size
 from lightning_speedups.optim.optimizers import (
     OptimizerInfo,
@@ -17,6 +19,7 @@ from lightning_speedups.optim.optimizers import (
     list_optimizers,
     register_optimizer,
 )
+from lightning_speedups.optim.plots import plot_lr_finder, plot_lr_schedule, simulate_lr_schedule
 from lightning_speedups.optim.schedulers import (
     SchedulerInfo,
     create_scheduler,
@@ -47,4 +50,23 @@ __all__ = [
     "lightning_scheduler_config",
     "list_schedulers",
     "register_scheduler",
+    "LR_RULES",
+    "LRFinderResult",
+    "apply_lr",
+    "suggest_from_curve",
+    "suggest_lr",
+    "plot_lr_finder",
+    "plot_lr_schedule",
+    "simulate_lr_schedule",
 ]
+
+register_technique(
+    TechniqueInfo(
+        name="optim",
+        callback=None,
+        functional=create_optimizer,
+        summary="SpeedupMixin + OptimizerConfig/SchedulerConfig: no-decay groups, lr multipliers, per-step schedules",
+        mission_tip="2: optimizers, 3: learning-rate schedules",
+        bench="lightning_speedups.benchmarks.optim:run",
+    )
+)

@@ -1,0 +1,117 @@
+"""``LRFinder`` callback: Lightning's LR range test at the start of ``fit``, with a choice of suggestion rule."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import LearningRateFinder
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.parsing import lightning_hasattr
+
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.optim.lr_finder import (
+    LRFinderResult,
+    _fix_lightning_debias,
+    apply_lr,
+    check_range_test_args,
+    suggest_lr,
+)
+
+__all__ = ["LRFinder"]
+
+
+class LRFinder(LearningRateFinder):
+    """Run an LR range test when ``fit`` starts, pick a learning rate by ``rule`` and train with it.
+
+    It reuses Lightning's ``LearningRateFinder`` (which saves and restores the model, optimizer and loops around the
+    test), reads the curve with one of the rules of :func:`~lightning_speedups.optim.lr_finder.suggest_lr`, writes the
+    result into ``pl_module.optimizer_config.lr`` (or ``lr`` / ``learning_rate``), and rebuilds the optimizer and
+    scheduler so the run starts from the suggested learning rate. Resumed runs (``ckpt_path``) skip the test.
+
+    Args:
+        rule: ``"steep"``, ``"valley"``, ``"minimum"`` or ``"slide"``.
+        min_lr, max_lr: the searched range.
+        num_training_steps: steps of the test.
+        mode: ``"exponential"`` or ``"linear"``.
+        early_stop_threshold: stop once the loss exceeds this multiple of the best (``None``: never).
+        plot_path: save the range-test plot there (PNG; needs matplotlib).
+
+    Attributes:
+        result: the :class:`LRFinderResult` (curve, every rule's suggestion, chosen ``lr``) after the test.
+
+    Example::
+
+        >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[LRFinder(rule="valley")])  # doctest: +SKIP
+        >>> trainer.fit(DemoClassifier(), DigitsDataModule())  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        rule: str = "valley",
+        min_lr: float = 1e-6,
+        max_lr: float = 1.0,
+        num_training_steps: int = 100,
+        mode: str = "exponential",
+        early_stop_threshold: float | None = 4.0,
+        plot_path: str | None = None,
+    ) -> None:
+        check_range_test_args(min_lr, max_lr, num_training_steps, mode, rule)
+        super().__init__(
+            min_lr=min_lr,
+            max_lr=max_lr,
+            num_training_steps=num_training_steps,
+            mode=mode,
+            early_stop_threshold=early_stop_threshold,
+            update_attr=False,
+        )
+        self.rule = rule
+        self.plot_path = plot_path
+        self.result: LRFinderResult | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        has_lr = getattr(pl_module, "optimizer_config", None) is not None or any(
+            lightning_hasattr(pl_module, a) for a in ("lr", "learning_rate")
+        )
+        if stage == "fit" and not has_lr:
+            raise SpeedupConfigError(
+                f"LRFinder found no learning rate to set on {type(pl_module).__name__}. HINT: use SpeedupMixin "
+                "(optimizer_config) or give the module an `lr` / `learning_rate` attribute or hparam."
+            )
+
+    def lr_find(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.ckpt_path is not None or trainer.global_step != 0:
+            rank_zero_info("LRFinder: resumed run, keeping the checkpoint's learning rate.")
+            return
+        super().lr_find(trainer, pl_module)
+        finder = self.optimal_lr
+        if finder is None or not finder.results:  # fast_dev_run: Lightning skips the test
+            return
+        self.result = LRFinderResult.from_curve(
+            finder.results["lr"], _fix_lightning_debias(finder.results["loss"]), self.rule
+        )
+        where = apply_lr(pl_module, self.result.lr)
+        # the optimizer and scheduler were built with the old lr: rebuild them (no step has run yet)
+        trainer.strategy.setup_optimizers(trainer)
+        rank_zero_info(f"LRFinder ({self.rule}): lr = {self.result.lr:.3g} written to `{where}`.")
+        if self.plot_path is not None and trainer.is_global_zero:
+            self.result.plot(os.fspath(self.plot_path))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lr": None if self.result is None else self.result.lr, "rule": self.rule}
+
+
+register_technique(
+    TechniqueInfo(
+        name="lr_finder",
+        callback=LRFinder,
+        functional=suggest_lr,
+        summary="LR range test (Lightning's) with steep / valley / minimum / slide rules, written into the config",
+        mission_tip="3: learning-rate schedules",
+        bench=None,
+        example_kwargs={"num_training_steps": 8, "max_lr": 0.1},
+    )
+)
