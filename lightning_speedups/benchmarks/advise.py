@@ -46,6 +46,7 @@ def run_advice(quick: bool = True, verbose: bool = True, width: int = 32, seed: 
         enable_model_summary=False,
         enable_checkpointing=False,
         num_sanity_val_steps=0,
+        callbacks=[advisor],
     )
     trainer.fit(DemoClassifier(width=width), DigitsDataModule(batch_size=32, seed=seed))
     out: dict[str, Any] = {
@@ -90,7 +91,7 @@ def run(quick: bool = True) -> list[BenchRow]:
             step + hook,
             step / (step + hook),
             unit="s",
-            note=f"{1e6 * hook:.2f} us of hook work per batch = {hook / step:.4%} of a baseline step",
+            note=f"{1e6 * hook:.2f} us of hook work per batch = {hook / step:.1e} of a baseline step",
         )
     ]
     for f in report["findings"]:
