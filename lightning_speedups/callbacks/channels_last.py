@@ -122,7 +122,7 @@ register_technique(
         functional=apply_channels_last,
         summary="channels_last (NHWC) weights and input batches for conv nets",
         mission_tip="8: code optimization",
-        bench="lightning_speedups.benchmarks.code:run",
+        bench="lightning_speedups.benchmarks.code:run_channels_last",
         example_kwargs={},
     )
 )

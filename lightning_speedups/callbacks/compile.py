@@ -163,7 +163,7 @@ register_technique(
         functional=compile_model,
         summary="torch.compile the network in place (checkpoints stay loadable into plain models)",
         mission_tip="8: code optimization",
-        bench="lightning_speedups.benchmarks.code:run",
+        bench="lightning_speedups.benchmarks.code:run_compile",
         example_kwargs={"backend": "eager"},
     )
 )
