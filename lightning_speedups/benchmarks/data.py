@@ -62,6 +62,18 @@ def _consume(loader: Iterable[Any], limit: int | None = None) -> int:
     return seen
 
 
+def _with_threads(threads: int, fn: Callable[[], Any]) -> Callable[[], Any]:
+    def wrapped() -> Any:
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(old)
+
+    return wrapped
+
+
 def _train_accuracy(loader: Iterable[Any], val: tuple[torch.Tensor, torch.Tensor], width: int, seed: int) -> float:
     from lightning_speedups.demo import DemoClassifier
 
@@ -96,13 +108,20 @@ def run(quick: bool = True) -> list[BenchRow]:
     pipes = _pipelines(n, batch_size)
     rows: list[BenchRow] = []
 
-    # 1) the data pipeline alone: one full epoch each
-    fns = {name: (lambda f=factory: _consume(f())) for name, factory in pipes.items()}
+    # 1) the data pipeline alone: one full epoch each; the batched path also at 1 intra-op thread (the per-sample
+    #    path is single-threaded anyway: its tensors are below torch's parallel grain), which shows what a machine
+    #    shared with other jobs does to spinning OpenMP threads
+    fns: dict[str, Callable[[], Any]] = {name: (lambda f=factory: _consume(f())) for name, factory in pipes.items()}
+    fns["device+vectorized, 1 thread"] = _with_threads(1, fns["device+vectorized"])
     times = interleaved_timings(fns, repeats=repeats, warmup=1)
     base = times["dataloader+v2"]
-    for name in pipes:
+    threads = torch.get_num_threads()
+    for name in fns:
         if name == "dataloader+v2":
             continue
+        note = "data only (no model)"
+        note += "; no augmentation: upper bound" if name == "device" else ""
+        note += "" if "1 thread" in name else f"; {threads} thread(s)"
         rows.append(
             BenchRow(
                 technique="device_data",
@@ -112,7 +131,7 @@ def run(quick: bool = True) -> list[BenchRow]:
                 candidate=n / median(times[name]),
                 ratio=speed_ratio(base, times[name]),
                 unit="samples/s",
-                note="data only (no model)" + ("; no augmentation: upper bound" if name == "device" else ""),
+                note=note,
             )
         )
 
