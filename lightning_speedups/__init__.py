@@ -4,10 +4,59 @@ from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, get_technique, list_techniques, register_technique
 
 # callbacks (importing them registers their techniques)
+from lightning_speedups.callbacks.advisor import SpeedAdvisor
+from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
+from lightning_speedups.callbacks.channels_last import ChannelsLast
+from lightning_speedups.callbacks.compile import TorchCompile
+from lightning_speedups.callbacks.finetuning import FineTuneConfig, FineTuneFreezing
+from lightning_speedups.callbacks.lr_finder import LRFinder
+from lightning_speedups.callbacks.pruning import Pruning
+from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 
-# mixin, optimizers and schedulers
-from lightning_speedups.optim import SpeedupMixin
+# data on the device
+from lightning_speedups.data import BatchAugment, DeviceDataLoader, compute_mean_std, to_tensors
+
+# functional (plain PyTorch, no Lightning needed)
+from lightning_speedups.functional.advisor import AdvisorReport, Finding, diagnose
+from lightning_speedups.functional.batch_size import BatchSizeSearchResult, find_batch_size
+from lightning_speedups.functional.channels_last import apply_channels_last
+from lightning_speedups.functional.compile import compile_model, uncompile_model
+from lightning_speedups.functional.finetuning import (
+    find_head,
+    freeze,
+    layer_groups,
+    load_pretrained,
+    replace_head,
+    unfreeze,
+)
+from lightning_speedups.functional.pruning import (
+    load_pruned,
+    prune_structured,
+    prune_unstructured,
+    save_pruned,
+    sparsity_report,
+)
+from lightning_speedups.functional.quantization import load_quantized, quantize_for_inference, save_quantized
+
+# mixin, optimizers, schedulers, LR finder
+from lightning_speedups.optim import (
+    OptimizerConfig,
+    SchedulerConfig,
+    SpeedupMixin,
+    create_optimizer,
+    create_scheduler,
+    list_optimizers,
+    list_schedulers,
+    plot_lr_schedule,
+    register_optimizer,
+    register_scheduler,
+    scale_lr,
+    suggest_lr,
+)
+
+# recipes
+from lightning_speedups.recipes import Recipe, fast_finetune, fast_train, get_recipe, list_recipes
 
 # settings (trainer arguments for this hardware)
 from lightning_speedups.settings import (
@@ -29,9 +78,64 @@ __all__ = [
     "list_techniques",
     "register_technique",
     # callbacks
+    "ChannelsLast",
+    "FineTuneConfig",
+    "FineTuneFreezing",
+    "Float8Training",
+    "LRFinder",
+    "Pruning",
+    "QuantizationAwareTraining",
+    "SpeedAdvisor",
     "SpeedFlags",
-    # mixin, optimizers and schedulers
+    "ThroughputBatchSizeFinder",
+    "TorchCompile",
+    # data on the device
+    "BatchAugment",
+    "DeviceDataLoader",
+    "compute_mean_std",
+    "to_tensors",
+    # functional
+    "AdvisorReport",
+    "BatchSizeSearchResult",
+    "Finding",
+    "apply_channels_last",
+    "compile_model",
+    "diagnose",
+    "find_batch_size",
+    "find_head",
+    "freeze",
+    "layer_groups",
+    "load_pretrained",
+    "load_pruned",
+    "load_quantized",
+    "prune_structured",
+    "prune_unstructured",
+    "quantize_for_inference",
+    "replace_head",
+    "save_pruned",
+    "save_quantized",
+    "sparsity_report",
+    "uncompile_model",
+    "unfreeze",
+    # mixin, optimizers, schedulers, LR finder
+    "OptimizerConfig",
+    "SchedulerConfig",
     "SpeedupMixin",
+    "create_optimizer",
+    "create_scheduler",
+    "list_optimizers",
+    "list_schedulers",
+    "plot_lr_schedule",
+    "register_optimizer",
+    "register_scheduler",
+    "scale_lr",
+    "suggest_lr",
+    # recipes
+    "Recipe",
+    "fast_finetune",
+    "fast_train",
+    "get_recipe",
+    "list_recipes",
     # settings
     "TrainerSettings",
     "cpu_bf16_is_fast",

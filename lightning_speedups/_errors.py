@@ -60,8 +60,10 @@ def check_range(
     if not ok:
         lo = "-inf" if low is None else f"{low}"
         hi = "inf" if high is None else f"{high}"
-        interval = ("[" if low_inclusive and low is not None else "(") + f"{lo}, {hi}" + (
-            "]" if high_inclusive and high is not None else ")"
+        interval = (
+            ("[" if low_inclusive and low is not None else "(")
+            + f"{lo}, {hi}"
+            + ("]" if high_inclusive and high is not None else ")")
         )
         msg = f"`{name}`={value!r} is out of range. Allowed values: a number in {interval}."
         if hint:

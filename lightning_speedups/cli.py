@@ -37,7 +37,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("\nTrainer settings it would pick (trainer_settings()):")
     print("  " + explain_trainer_settings().explain().replace("\n", "\n  "))
     print("\nSpeed flags (enable_speed_flags()):")
-    flags = enable_speed_flags() if args.apply_flags else enable_speed_flags("cpu" if machine["device"] == "cpu" else "cuda")
+    flags = (
+        enable_speed_flags()
+        if args.apply_flags
+        else enable_speed_flags("cpu" if machine["device"] == "cpu" else "cuda")
+    )
     for key, value in flags.items():
         print(f"  {key:<26} {value}")
     print("\nTechniques:")

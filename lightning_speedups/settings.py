@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._registry import TechniqueInfo, register_technique
 
 __all__ = [
     "TrainerSettings",
@@ -36,8 +37,15 @@ __all__ = [
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "tpu", "mps")
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "transformer-engine")
-_PRECISION_ALIASES = {32: "32-true", "32": "32-true", 16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
-                      64: "64-true", "64": "64-true"}
+_PRECISION_ALIASES = {
+    32: "32-true",
+    "32": "32-true",
+    16: "16-mixed",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
+    64: "64-true",
+    "64": "64-true",
+}
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "xla", "single_device")
 _REMOVED_STRATEGIES = {
     "dp": "Lightning 2 removed DataParallel (`strategy='dp'`). Use strategy='ddp': one process per device is also "
@@ -98,8 +106,16 @@ def cpu_bf16_speed_ratio(repeats: int = 5) -> float:
     nn = torch.nn
     # shaped like a small CNN training step: conv-BN-ReLU blocks, pooling, a linear head
     model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1),
-        nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 256), nn.ReLU(),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(512, 256),
+        nn.ReLU(),
         nn.Linear(256, 10),
     )
     x = torch.randn(32, 3, 32, 32, generator=gen)
@@ -192,7 +208,9 @@ def _resolve_accelerator(accelerator: str, reasons: dict[str, str]) -> str:
         reasons["accelerator"] = "asked for; torch_xla found a TPU"
         return "tpu"
     if accelerator == "mps" and not _mps_available():
-        raise SpeedupConfigError("`accelerator`='mps' but Apple MPS is not available. Allowed values here: 'auto', 'cpu'.")
+        raise SpeedupConfigError(
+            "`accelerator`='mps' but Apple MPS is not available. Allowed values here: 'auto', 'cpu'."
+        )
     reasons["accelerator"] = "asked for"
     return accelerator
 
@@ -245,7 +263,9 @@ def _resolve_strategy(strategy: Any, accelerator: str, world: int, num_nodes: in
         return strategy
     key = strategy.lower()
     if key in ("dp", "dataparallel", "ddp2", "horovod"):
-        raise SpeedupConfigError(f"`strategy`={strategy!r}: " + _REMOVED_STRATEGIES["dp" if key == "dataparallel" else key])
+        raise SpeedupConfigError(
+            f"`strategy`={strategy!r}: " + _REMOVED_STRATEGIES["dp" if key == "dataparallel" else key]
+        )
     from lightning.pytorch.strategies import StrategyRegistry
 
     allowed = ["auto", *StrategyRegistry.available_strategies()]
@@ -295,7 +315,9 @@ def _resolve_precision(precision: str, accelerator: str, reasons: dict[str, str]
             if cpu_bf16_is_fast():
                 reasons["precision"] = f"a bf16 training step measured {ratio:.2f}x faster than fp32 on this CPU"
                 return "bf16-mixed"
-            reasons["precision"] = f"a bf16 training step measured {ratio:.2f}x the speed of fp32 on this CPU: keep fp32"
+            reasons["precision"] = (
+                f"a bf16 training step measured {ratio:.2f}x the speed of fp32 on this CPU: keep fp32"
+            )
             return "32-true"
         reasons["precision"] = "fp32 is the safe default on this device"
         return "32-true"
@@ -372,7 +394,9 @@ def explain_trainer_settings(
     kwargs: dict[str, Any] = {"accelerator": acc, "devices": devs, "strategy": strat, "precision": prec}
     if num_nodes > 1:
         kwargs["num_nodes"] = num_nodes
-        reasons["num_nodes"] = "launch the same script on every node with torchrun or srun (SLURM); Lightning reads the env"
+        reasons["num_nodes"] = (
+            "launch the same script on every node with torchrun or srun (SLURM); Lightning reads the env"
+        )
     kwargs.update(overrides)
     for key in overrides:
         reasons[key] = "passed through"
@@ -412,9 +436,23 @@ def enable_speed_flags(accelerator: str | None = None) -> dict[str, str]:
             "float32_matmul_precision": f"unchanged: TF32 exists only on NVIDIA GPUs (accelerator={acc!r})",
             "cudnn.benchmark": f"unchanged: cuDNN is used only on NVIDIA GPUs (accelerator={acc!r})",
         }
-    torch.set_float32_matmul_precision("high")  # TF32 tensor cores for fp32 matmuls: ~2x on Ampere+, tiny precision cost
+    torch.set_float32_matmul_precision(
+        "high"
+    )  # TF32 tensor cores for fp32 matmuls: ~2x on Ampere+, tiny precision cost
     torch.backends.cudnn.benchmark = True  # autotune conv algorithms once per input shape
     return {
         "float32_matmul_precision": "set to 'high': fp32 matmuls use TF32 tensor cores",
         "cudnn.benchmark": "set to True: cuDNN picks the fastest convolution algorithm per input shape",
     }
+
+
+register_technique(
+    TechniqueInfo(
+        name="trainer_settings",
+        callback=None,
+        functional=trainer_settings,
+        summary="accelerator/devices/DDP/precision picked for this hardware, with reasons; bench: bf16 vs fp32",
+        mission_tip="1 parallel/distributed training, 9 hardware and precision",
+        bench="lightning_speedups.benchmarks.precision:run",
+    )
+)

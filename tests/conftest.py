@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+
 import lightning as L
 import pytest
 import torch

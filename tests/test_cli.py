@@ -36,8 +36,20 @@ def test_cli_info(capsys):
 
 def test_cli_bench_only_json_and_plots(tmp_path, capsys):
     out_json = tmp_path / "bench.json"
-    code = main(["bench", "--quick", "--only", "speed_flags", "--json", str(out_json), "--plots", str(tmp_path),
-                 "--markdown", str(tmp_path / "bench.md")])
+    code = main(
+        [
+            "bench",
+            "--quick",
+            "--only",
+            "trainer_settings",
+            "--json",
+            str(out_json),
+            "--plots",
+            str(tmp_path),
+            "--markdown",
+            str(tmp_path / "bench.md"),
+        ]
+    )
     assert code == 0
     payload = json.loads(out_json.read_text())
     assert payload["quick"] is True and payload["errors"] == {}

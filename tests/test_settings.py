@@ -14,8 +14,15 @@ from lightning_speedups.settings import enable_speed_flags, explain_trainer_sett
 def hw(monkeypatch):
     """Mock the hardware probes; returns a setter."""
 
-    def set_hw(cuda: int = 0, bf16: bool = True, xla: bool = False, tpu: int = 0, mps: bool = False,
-               jupyter: bool = False, cpu_bf16: float = 0.1) -> None:
+    def set_hw(
+        cuda: int = 0,
+        bf16: bool = True,
+        xla: bool = False,
+        tpu: int = 0,
+        mps: bool = False,
+        jupyter: bool = False,
+        cpu_bf16: float = 0.1,
+    ) -> None:
         monkeypatch.setattr(S, "_cuda_device_count", lambda: cuda)
         monkeypatch.setattr(S, "_cuda_bf16_supported", lambda: bool(cuda) and bf16)
         monkeypatch.setattr(S, "_torch_xla_installed", lambda: xla)

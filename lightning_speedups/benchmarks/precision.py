@@ -13,7 +13,7 @@ __all__ = ["run"]
 
 
 def _accuracy_after_training(dtype: torch.dtype | None, steps: int, seed: int = 0) -> float:
-    """Train the same model from the same seed for ``steps`` batches in the given precision; val accuracy (fp32 eval)."""
+    """Train one model from a fixed seed for ``steps`` batches in the given precision; return val accuracy (fp32)."""
     images, labels = load_digits_tensors()
     x = (images.float() / 255.0 - 0.21) / 0.34
     g = torch.Generator().manual_seed(seed)

@@ -39,10 +39,9 @@ register_technique(
         name="speed_flags",
         callback=SpeedFlags,
         functional=enable_speed_flags,
-        summary="TF32 + cuDNN autotuning on NVIDIA GPUs; its bench measures bf16 vs fp32 on this hardware",
+        summary="TF32 matmuls + cuDNN autotuning on NVIDIA GPUs (a no-op with a reason elsewhere)",
         requires=("cuda for any effect",),
         mission_tip="8 code optimization / 9 hardware",
         example_kwargs={"verbose": False},
-        bench="lightning_speedups.benchmarks.precision:run",
     )
 )

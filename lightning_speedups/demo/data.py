@@ -46,7 +46,9 @@ def load_digits_tensors(
         remap = {c: i for i, c in enumerate(classes)}
         labels = torch.tensor([remap[int(y)] for y in labels], dtype=torch.long)
     if size != 8:
-        images = torch.nn.functional.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False)
+        images = torch.nn.functional.interpolate(
+            images.float(), size=(size, size), mode="bilinear", align_corners=False
+        )
         images = images.round().clamp(0, 255).to(torch.uint8)
     return images.expand(-1, channels, -1, -1).contiguous(), labels
 
@@ -129,7 +131,10 @@ class DigitsDataModule(L.LightningDataModule):
         steps: list[v2.Transform] = []
         if train and self.augment:
             steps.append(v2.RandomCrop(self.size, padding=2))
-        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize([DIGITS_MEAN] * self.channels, [DIGITS_STD] * self.channels)]
+        steps += [
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([DIGITS_MEAN] * self.channels, [DIGITS_STD] * self.channels),
+        ]
         return v2.Compose(steps)
 
     def setup(self, stage: str | None = None) -> None:

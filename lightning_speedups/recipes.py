@@ -1,0 +1,302 @@
+"""Recipes: named presets that compose the techniques into ``(callbacks, trainer_kwargs)``, with conflict checks.
+
+Example::
+
+    >>> from lightning_speedups.demo import DemoClassifier
+    >>> model = DemoClassifier(width=8)
+    >>> recipe = get_recipe("fast_train", model=model, max_epochs=2)
+    >>> callbacks, trainer_kwargs = recipe
+    >>> recipe.apply(model)   # sets model.optimizer_config / scheduler_config (SpeedupMixin models)
+    >>> trainer = L.Trainer(callbacks=callbacks, **trainer_kwargs)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.callbacks.speed_flags import SpeedFlags
+from lightning_speedups.data import BatchAugment, DeviceDataLoader
+from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, SpeedupMixin
+from lightning_speedups.settings import trainer_settings
+
+__all__ = [
+    "Recipe",
+    "check_conflicts",
+    "device_datamodule",
+    "fast_train",
+    "fast_finetune",
+    "get_recipe",
+    "list_recipes",
+]
+
+
+@dataclass
+class Recipe:
+    """What a recipe decided: callbacks, Trainer arguments, optimizer/scheduler configs, and notes on what it dropped.
+
+    Unpacks as ``callbacks, trainer_kwargs = recipe``.
+    """
+
+    name: str
+    callbacks: list[L.Callback]
+    trainer_kwargs: dict[str, Any]
+    optimizer_config: OptimizerConfig | None = None
+    scheduler_config: SchedulerConfig | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.callbacks, self.trainer_kwargs))
+
+    def apply(self, model: L.LightningModule) -> L.LightningModule:
+        """Set the recipe's optimizer and scheduler configs on a :class:`SpeedupMixin` model (in place)."""
+        if self.optimizer_config is None and self.scheduler_config is None:
+            return model
+        if not isinstance(model, SpeedupMixin):
+            raise SpeedupConfigError(
+                f"recipe {self.name!r} sets the optimizer and LR schedule, but {type(model).__name__} does not use "
+                "SpeedupMixin. HINT: add SpeedupMixin to its bases and delete its configure_optimizers, or build "
+                "the recipe with `optimizer=None`."
+            )
+        model.optimizer_config = self.optimizer_config or model.optimizer_config
+        model.scheduler_config = self.scheduler_config
+        return model
+
+    def describe(self) -> str:
+        lines = [f"recipe {self.name!r}:"]
+        lines += [f"  callback  {type(cb).__name__}" for cb in self.callbacks]
+        lines += [f"  trainer   {k}={v!r}" for k, v in self.trainer_kwargs.items()]
+        if self.optimizer_config is not None:
+            lines.append(f"  optimizer {self.optimizer_config.name} lr={self.optimizer_config.lr}")
+        if self.scheduler_config is not None:
+            lines.append(f"  scheduler {self.scheduler_config.name}")
+        lines += [f"  note      {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _has_conv(model: nn.Module | None) -> bool:
+    return model is not None and any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def check_conflicts(
+    callbacks: Sequence[L.Callback], model: nn.Module | None = None
+) -> tuple[list[L.Callback], list[str]]:
+    """Check a set of callbacks for combinations that cannot work; return the kept callbacks and notes.
+
+    Rules:
+        - structural pruning changes parameter shapes mid-run, which invalidates a compiled graph: refused with
+          the reason (prune first in one run, compile in the next);
+        - QAT and float8 training both replace ``nn.Linear`` layers: refused;
+        - channels_last on a model without convolutions cannot help: dropped with a note.
+
+    Raises:
+        SpeedupConfigError: on a refused combination.
+    """
+    names = {type(cb).__name__: cb for cb in callbacks}
+    pruning = names.get("Pruning")
+    if pruning is not None and "TorchCompile" in names and getattr(pruning, "mode", "structured") == "structured":
+        raise SpeedupConfigError(
+            "`Pruning(mode='structured')` with `TorchCompile` is refused: structural pruning changes parameter "
+            "shapes mid-run, which forces a full recompile after every pruning step. HINT: prune in one run, then "
+            "compile the pruned model in the next (load it with `load_pruned` / `load_from_checkpoint`)."
+        )
+    if "QuantizationAwareTraining" in names and "Float8Training" in names:
+        raise SpeedupConfigError(
+            "`QuantizationAwareTraining` with `Float8Training` is refused: both replace the nn.Linear layers."
+        )
+    kept, notes = list(callbacks), []
+    if "ChannelsLast" in names and model is not None and not _has_conv(model):
+        kept.remove(names["ChannelsLast"])
+        notes.append("ChannelsLast dropped: the model has no 2-D convolution, so channels_last cannot speed it up.")
+    return kept, notes
+
+
+def device_datamodule(
+    datamodule: L.LightningDataModule,
+    batch_size: int = 256,
+    padding: int | None = None,
+    hflip: float = 0.0,
+    seed: int = 0,
+) -> L.LightningDataModule:
+    """An on-device twin of a datamodule that exposes uint8 ``train_images/train_labels/val_images/val_labels``.
+
+    Training batches are sliced from tensors on the training device and augmented there with :class:`BatchAugment`
+    (random crop with padding + flips + normalisation), with the same mean/std as the source's ``Normalize``.
+    The demo datamodules have these attributes; for your own data, build :class:`DeviceDataLoader` directly.
+    """
+    datamodule.setup("fit")
+    for attr in ("train_images", "train_labels", "val_images", "val_labels"):
+        if not hasattr(datamodule, attr):
+            raise SpeedupConfigError(
+                f"`datamodule` ({type(datamodule).__name__}) has no `{attr}` tensor. HINT: use `to_tensors(dataset)` "
+                "and return a `DeviceDataLoader` from your own `train_dataloader()`."
+            )
+    norm = next(t for t in datamodule.transforms(train=False).transforms if hasattr(t, "mean"))
+    if padding is None:
+        padding = next(
+            (
+                getattr(t, "padding", [0])[0]
+                for t in datamodule.transforms(train=True).transforms
+                if type(t).__name__ == "RandomCrop"
+            ),
+            0,
+        )
+    train_aug = BatchAugment(padding=padding, hflip=hflip, mean=list(norm.mean), std=list(norm.std), seed=seed)
+    val_aug = BatchAugment(mean=list(norm.mean), std=list(norm.std))
+    source = datamodule
+
+    class _OnDevice(L.LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = batch_size
+            self.num_classes = getattr(source, "num_classes", None)
+
+        def train_dataloader(self) -> DeviceDataLoader:
+            return DeviceDataLoader(
+                source.train_images,
+                source.train_labels,
+                batch_size=self.batch_size,
+                shuffle=True,
+                seed=seed,
+                device=self.trainer,
+                transform=train_aug,
+            )
+
+        def val_dataloader(self) -> DeviceDataLoader:
+            return DeviceDataLoader(
+                source.val_images,
+                source.val_labels,
+                batch_size=1024,
+                shuffle=False,
+                device=self.trainer,
+                transform=val_aug,
+            )
+
+    return _OnDevice()
+
+
+def _common(
+    name: str,
+    model: nn.Module | None,
+    max_epochs: int,
+    lr: float,
+    channels_last: bool | str,
+    compile: bool,
+    precision: str,
+    extra: list[L.Callback],
+    trainer_overrides: dict[str, Any],
+) -> Recipe:
+    callbacks: list[L.Callback] = [SpeedFlags(verbose=False), *extra]
+    if channels_last == "auto":  # NHWC pays off on GPUs; on CPUs the demo measured no gain, so leave it off there
+        channels_last = torch.cuda.is_available() and _has_conv(model)
+    if channels_last:
+        from lightning_speedups.callbacks.channels_last import ChannelsLast
+
+        callbacks.append(ChannelsLast())
+    if compile:
+        from lightning_speedups.callbacks.compile import TorchCompile
+
+        callbacks.append(TorchCompile())
+    callbacks, notes = check_conflicts(callbacks, model)
+    kwargs = trainer_settings(precision=precision, max_epochs=max_epochs, **trainer_overrides)
+    optimizer = OptimizerConfig("adamw", lr=lr, weight_decay=5e-4)
+    scheduler = SchedulerConfig("onecycle", pct_start=0.25)
+    return Recipe(name, callbacks, kwargs, optimizer, scheduler, notes)
+
+
+def fast_train(
+    model: nn.Module | None = None,
+    max_epochs: int = 10,
+    lr: float = 3e-3,
+    channels_last: bool | str = "auto",
+    compile: bool = False,
+    precision: str = "auto",
+    callbacks: Sequence[L.Callback] = (),
+    **trainer_overrides: Any,
+) -> Recipe:
+    """Training from scratch, fast: AdamW + OneCycle (per step), trainer settings for this hardware, speed flags,
+    channels_last where it helps (GPU + convolutions), optional ``torch.compile``; pair it with
+    :func:`device_datamodule` (data on the device, batch augmentation) and a larger batch.
+
+    Args:
+        model: the model (used to check conflicts, e.g. channels_last without convolutions).
+        max_epochs: a bounded run (OneCycle needs the total number of steps).
+        lr: OneCycle's peak learning rate.
+        channels_last: True, False or "auto".
+        compile: add :class:`TorchCompile` (worth it for long runs; compiling costs tens of seconds).
+        precision: passed to :func:`trainer_settings` ("auto" measures bf16 on CPUs).
+        callbacks: more callbacks to compose (conflicts are checked).
+        **trainer_overrides: other Trainer arguments.
+    """
+    return _common(
+        "fast_train", model, max_epochs, lr, channels_last, compile, precision, list(callbacks), trainer_overrides
+    )
+
+
+def fast_finetune(
+    model: nn.Module | None = None,
+    max_epochs: int = 6,
+    lr: float = 3e-3,
+    unfreeze_at_epoch: int = 2,
+    backbone: Any = None,
+    channels_last: bool | str = "auto",
+    compile: bool = False,
+    precision: str = "auto",
+    callbacks: Sequence[L.Callback] = (),
+    **trainer_overrides: Any,
+) -> Recipe:
+    """Fine-tuning a pretrained model, fast: the :func:`fast_train` settings plus :class:`FineTuneFreezing` (head
+    only until ``unfreeze_at_epoch``, then the backbone with a smaller learning rate).
+    """
+    from lightning_speedups.callbacks.finetuning import FineTuneFreezing
+
+    freezing = FineTuneFreezing(backbone=backbone, unfreeze_at_epoch=unfreeze_at_epoch)
+    return _common(
+        "fast_finetune",
+        model,
+        max_epochs,
+        lr,
+        channels_last,
+        compile,
+        precision,
+        [freezing, *callbacks],
+        trainer_overrides,
+    )
+
+
+_RECIPES: dict[str, Callable[..., Recipe]] = {"fast_train": fast_train, "fast_finetune": fast_finetune}
+
+
+def list_recipes() -> list[str]:
+    """Names of the recipes."""
+    return list(_RECIPES)
+
+
+def get_recipe(name: str, **kwargs: Any) -> Recipe:
+    """Build a recipe by name; unknown names raise and list the valid ones."""
+    if name not in _RECIPES:
+        raise SpeedupConfigError(f"`recipe`={name!r} is unknown. Allowed values: {', '.join(map(repr, _RECIPES))}.")
+    recipe = _RECIPES[name](**kwargs)
+    for note in recipe.notes:
+        rank_zero_info(f"recipe {name}: {note}")
+    return recipe
+
+
+register_technique(
+    TechniqueInfo(
+        name="recipes",
+        callback=None,
+        functional=get_recipe,
+        summary="fast_train / fast_finetune presets composing the techniques, with conflict checks",
+        mission_tip="all: composes the techniques",
+        bench="lightning_speedups.benchmarks.recipes:run",
+    )
+)

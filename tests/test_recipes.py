@@ -1,0 +1,95 @@
+"""Recipes: they fit for a few batches, and their conflict rules raise or adjust as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_speedups import (
+    ChannelsLast,
+    Pruning,
+    SpeedupConfigError,
+    TorchCompile,
+    fast_finetune,
+    fast_train,
+    get_recipe,
+    list_recipes,
+)
+from lightning_speedups.benchmarks.recipes import _TimeToTarget
+from lightning_speedups.demo import DemoClassifier, DemoMLP, DigitsDataModule
+from lightning_speedups.recipes import check_conflicts, device_datamodule
+from tests.helpers import quiet_trainer
+
+QUIET = dict(
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+    limit_train_batches=4,
+    limit_val_batches=1,
+)
+
+
+@pytest.mark.parametrize("name", list_recipes())
+def test_recipe_fits_a_few_batches(name):
+    model = DemoClassifier(width=8)
+    recipe = get_recipe(name, model=model, max_epochs=2, precision="32-true", **QUIET)
+    callbacks, kwargs = recipe
+    recipe.apply(model)
+    assert model.scheduler_config.name == "onecycle" and model.optimizer_config.name == "adamw"
+    trainer = quiet_trainer(callbacks=callbacks, **kwargs)
+    trainer.fit(model, device_datamodule(DigitsDataModule(batch_size=32), batch_size=64))
+    assert trainer.global_step == 8
+    assert "val_acc" in trainer.callback_metrics
+    assert name in recipe.describe()
+
+
+def test_recipe_device_datamodule_batches():
+    dm = device_datamodule(DigitsDataModule(batch_size=32), batch_size=64, hflip=0.5)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (64, 3, 32, 32) and x.dtype == torch.float32 and y.shape == (64,)
+    assert abs(float(x.mean())) < 1.0  # normalised like the source datamodule
+
+
+def test_recipe_conflicts_and_notes():
+    pytest.importorskip("torch_pruning")
+    with pytest.raises(SpeedupConfigError, match=r"`Pruning\(mode='structured'\)` with `TorchCompile` is refused"):
+        check_conflicts([Pruning(amount=0.5), TorchCompile(backend="eager")])
+    with pytest.raises(SpeedupConfigError, match=r"`Pruning\(mode='structured'\)` with `TorchCompile` is refused"):
+        fast_train(compile=True, callbacks=[Pruning(amount=0.5)], precision="32-true")
+    kept, notes = check_conflicts([ChannelsLast()], DemoMLP(hidden=(16,)))
+    assert kept == [] and "no 2-D convolution" in notes[0]
+    recipe = fast_train(model=DemoMLP(hidden=(16,)), channels_last=True, precision="32-true")
+    assert not any(isinstance(cb, ChannelsLast) for cb in recipe.callbacks) and recipe.notes
+    recipe = fast_train(model=DemoClassifier(width=8), channels_last=True, precision="32-true")
+    assert any(isinstance(cb, ChannelsLast) for cb in recipe.callbacks)
+
+
+def test_recipe_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match=r"`recipe`='fastest' is unknown. Allowed values: 'fast_train'"):
+        get_recipe("fastest")
+    import lightning as L
+
+    class Plain(L.LightningModule):
+        pass
+
+    with pytest.raises(SpeedupConfigError, match=r"does not use SpeedupMixin"):
+        fast_finetune(precision="32-true").apply(Plain())
+
+    class NoTensors(L.LightningDataModule):
+        pass
+
+    with pytest.raises(SpeedupConfigError, match=r"has no `train_images` tensor"):
+        device_datamodule(NoTensors())
+
+
+def test_time_to_target_recorder_stops_at_target():
+    class T:
+        callback_metrics = {"val_acc": torch.tensor(0.97)}
+        should_stop = False
+
+    rec = _TimeToTarget(0.95)
+    rec.on_fit_start(None, None)
+    rec.on_validation_epoch_end(T, None)
+    assert T.should_stop and rec.reached_at is not None and rec.curve[0][1] == pytest.approx(0.97)
