@@ -141,7 +141,7 @@ class QuantizationAwareTraining(Callback):
         if not self.convert_on_fit_end:
             return
         example = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
-        self.quantized_model, self.report = quantize_for_inference(pl_module.cpu(), example, self.backend)
+        self.quantized_model, self.report = quantize_for_inference(pl_module, example, self.backend)
         rank_zero_info(
             f"QAT: int8 model via {self.report.backend}: {self.report.speedup:.2f}x faster, "
             f"{self.report.size_ratio:.2f}x smaller, max abs diff {self.report.max_abs_diff:.3g}"

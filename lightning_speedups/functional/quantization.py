@@ -306,7 +306,8 @@ def model_size_bytes(model: nn.Module) -> int:
 
 
 def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
-    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    items = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    return tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in items)
 
 
 def _float_copy(model: nn.Module) -> nn.Module:
@@ -323,7 +324,7 @@ def _float_copy(model: nn.Module) -> nn.Module:
                     memo[id(fq)] = None
     clone = copy.deepcopy(model, memo)
     remove_fake_quantization(clone)
-    return clone.eval()
+    return clone.cpu().eval()  # the int8 kernels measured here are CPU kernels
 
 
 def _float_layers(model: nn.Module) -> list[str]:
@@ -408,7 +409,7 @@ def quantize_for_inference(
 ) -> tuple[nn.Module, QuantizationReport]:
     """Return an int8 copy of ``model`` that is faster on this machine, and a :class:`QuantizationReport`.
 
-    ``model`` itself is not changed (fake quantization from QAT is stripped in the copy). Candidates:
+    ``model`` itself is not changed (fake quantization from QAT is stripped in a CPU copy). Candidates:
 
     - ``"fx_static"``: ``torch.ao`` FX static int8 (Conv/Linear/BN/ReLU fused, calibrated on ``calibration_data``);
     - ``"eager_dynamic"``: ``torch.ao`` dynamic int8 for ``nn.Linear`` (weights int8, activations quantized per call);

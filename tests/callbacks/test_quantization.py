@@ -163,12 +163,14 @@ class _SaveState(Callback):
         self.out = out
 
     def on_fit_end(self, trainer, pl_module):
-        torch.save(pl_module.state_dict(), self.out / f"rank{trainer.global_rank}.pt")
+        params = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+        torch.save({"params": params, "qat": qat_record(pl_module)}, self.out / f"rank{trainer.global_rank}.pt")
 
 
 @pytest.mark.ddp
 def test_qat_ddp_ranks_identical(tmp_path):
     model = DemoClassifier(width=8)
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
     trainer = quiet_trainer(
         accelerator="cpu",
         devices=2,
@@ -178,10 +180,11 @@ def test_qat_ddp_ranks_identical(tmp_path):
         callbacks=[QuantizationAwareTraining(), _SaveState(tmp_path)],
     )
     trainer.fit(model, DigitsDataModule(batch_size=16, augment=False))
-    s0, s1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    for name in s0:
-        torch.testing.assert_close(s0[name], s1[name], msg=name)
-    assert not torch.equal(s0["head.weight"], model.head.weight.new_zeros(1)) and "head.weight" in s0
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["qat"] is not None and r0["qat"] == r1["qat"]
+    for name in init:  # parameters identical across ranks (BN running stats are per-rank without SyncBatchNorm)
+        torch.testing.assert_close(r0["params"][name], r1["params"][name], msg=name)
+    assert not torch.equal(r0["params"]["head.weight"], init["head.weight"])  # and they were trained
 
 
 # ------------------------------------------------------------------------------------------------------- float8
