@@ -235,6 +235,10 @@ class SpeedAdvisor(Callback):
             done = len(self._m.compute_times)
             self._finish(trainer, pl_module, note=f"training ended after {done} of {self.window_steps} timed batches")
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._flop_counter is not None:  # never leave the FLOP-counting dispatch mode pushed
+            self._stop_flop_count()
+
     # ---- window start / end --------------------------------------------------------------------------------------
     def _start_flop_count(self) -> None:
         try:
@@ -313,6 +317,10 @@ class SpeedAdvisor(Callback):
             if device.type == "cpu":
                 notes.append("device peak FLOP/s is unknown for CPUs, so utilisation is not computed")
         loader = trainer.train_dataloader
+        if isinstance(loader, dict):  # several train loaders (CombinedLoader): judge the first
+            loader = next(iter(loader.values()), None)
+        elif isinstance(loader, (list, tuple)):
+            loader = loader[0] if loader else None
         if loader is not None:
             m.loader_kind = "DataLoader" if isinstance(loader, torch.utils.data.DataLoader) else type(loader).__name__
             m.num_workers = getattr(loader, "num_workers", None)

@@ -236,3 +236,16 @@ def test_advisor_registry_example():
     advisor = SpeedAdvisor(**info.example_kwargs)
     _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=2, limit_val_batches=1)
     assert advisor.report is not None and advisor.report.summary["timed_batches"] == 1
+
+
+def test_advisor_exception_in_flop_batch_leaves_no_dispatch_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    class Boom(ClockedModel):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            raise RuntimeError("boom")
+
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=1, verbose=False)  # batch 0 is the FLOP-counted batch
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(advisor, Boom(), ClockedData(FakeClock(), 0.0), steps=2)
+    assert _get_current_dispatch_mode() is None and advisor._flop_counter is None
