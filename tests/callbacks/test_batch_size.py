@@ -105,7 +105,7 @@ def test_batch_size_misconfiguration():
     assert os.listdir(".") == []
 
 
-def _train(cb: Callback | None, steps: int = 3) -> dict[str, torch.Tensor]:
+def _train(cb: Callback | None, steps: int = 2) -> dict[str, torch.Tensor]:
     L.seed_everything(0, verbose=False)
     dm, model = Digits(batch_size=32), DemoClassifier(width=8)
     trainer = quiet_trainer(max_steps=steps, limit_val_batches=0, callbacks=[cb] if cb else [])
@@ -115,7 +115,7 @@ def _train(cb: Callback | None, steps: int = 3) -> dict[str, torch.Tensor]:
 
 
 def test_batch_size_fit_restores_training_exactly():
-    cb = finder(mode="max_fit", init_val=16, max_val=32, steps_per_trial=2, progress_bar=True)
+    cb = finder(mode="max_fit", init_val=16, max_val=32, progress_bar=True)
     with_search = _train(cb)
     plain = _train(None)
     # trial steps changed weights, optimizer state, BN stats, metrics and RNG: all were put back bitwise
@@ -128,7 +128,7 @@ def test_batch_size_fit_restores_training_exactly():
 
 def test_batch_size_throughput_mode_logs_table(caplog):
     dm = Digits(batch_size=32)
-    cb = ThroughputBatchSizeFinder(init_val=8, max_val=64, steps_per_trial=1, warmup_steps=0)
+    cb = ThroughputBatchSizeFinder(init_val=8, max_val=32, steps_per_trial=1, warmup_steps=0)
     model = DemoClassifier(width=8)
     model.train_acc.eval()  # a module left in eval mode stays in eval mode
     with caplog.at_level("INFO"):
@@ -162,10 +162,6 @@ def test_batch_size_simulated_oom_steps_back():
     quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(OOMAbove(limit=64), datamodule=dm)
     assert [(t.batch_size, t.status) for t in cb.result.trials] == [(16, "ok"), (32, "ok"), (64, "oom")]
     assert cb.result.chosen == 32 and dm.batch_size == 32 and cb.result.stop_reason == "out of memory"
-    # with bisection it refines between the last good size and the first failure
-    cb = finder(mode="max_fit", init_val=16, max_val=1024, refine_steps=2)
-    quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(OOMAbove(limit=64), datamodule=dm)
-    assert cb.result.chosen == 56 and cb.result.trial(48).ok and cb.result.trial(56).ok
 
 
 @pytest.mark.parametrize("rule, factor", [("linear", 4.0), ("sqrt", 2.0)])
