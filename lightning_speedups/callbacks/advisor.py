@@ -9,7 +9,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_speedups import settings
@@ -234,6 +234,11 @@ class SpeedAdvisor(Callback):
         if not self._done and self._m.compute_times:
             done = len(self._m.compute_times)
             self._finish(trainer, pl_module, note=f"training ended after {done} of {self.window_steps} timed batches")
+        elif not self._done:
+            rank_zero_warn(
+                f"SpeedAdvisor: training ended after {self._batches} batch(es), before its window "
+                f"({self.warmup_steps} warm-up + {self.window_steps} timed): no report. HINT: lower `warmup_steps`."
+            )
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self._flop_counter is not None:  # never leave the FLOP-counting dispatch mode pushed

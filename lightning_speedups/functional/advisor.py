@@ -268,15 +268,17 @@ def diagnose(m: Measurements, thresholds: AdvisorThresholds | None = None) -> li
     th = thresholds or AdvisorThresholds()
     out: list[Finding] = []
     compute_share, wait_share = m.compute_share, m.data_wait_share
-    plain_loader = m.loader_kind == "DataLoader"
+    plain_loader = m.loader_kind in ("DataLoader", None)  # unknown loader: give the DataLoader advice
 
     # data loading
     if m.compute_times and wait_share >= th.data_wait:
         if plain_loader:
             fix = (
                 "Keep the decoded dataset on the device with `DeviceDataLoader` (augment whole batches with "
-                "`BatchAugment`) when it fits in memory; otherwise give the DataLoader `num_workers` > 0 with "
-                "`persistent_workers=True`" + (" and `pin_memory=True`." if m.device_type == "cuda" else ".")
+                "`BatchAugment`) when it fits in memory; otherwise "
+                + (f"raise the DataLoader's `num_workers` (now {m.num_workers})" if m.num_workers else
+                   "give the DataLoader `num_workers` > 0")
+                + " with `persistent_workers=True`" + (" and `pin_memory=True`." if m.device_type == "cuda" else ".")
             )
         else:
             fix = (

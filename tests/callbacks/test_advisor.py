@@ -236,6 +236,11 @@ def test_advisor_registry_example():
     advisor = SpeedAdvisor(**info.example_kwargs)
     _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=2, limit_val_batches=1)
     assert advisor.report is not None and advisor.report.summary["timed_batches"] == 1
+    # a run too short for any timed batch says so instead of failing silently
+    short = SpeedAdvisor(warmup_steps=2, window_steps=2, verbose=False)
+    with pytest.warns(UserWarning, match="before its window"):
+        _fit(short, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=1)
+    assert short.report is None and short.to_dict() == {}
 
 
 def test_advisor_exception_in_flop_batch_leaves_no_dispatch_mode():
