@@ -108,6 +108,12 @@ class TorchCompile(Callback):
             self._load_hook = pl_module.register_load_state_dict_pre_hook(_align_keys_hook)
         if self.summary is not None and compiled_modules(pl_module):
             return  # a second stage (fit, then test) with the same callback: already compiled
+        if getattr(pl_module, "_compiler_ctx", None) is not None:
+            rank_zero_warn(
+                "TorchCompile: the model was passed as `torch.compile(model)`, so Lightning already compiles its "
+                "steps; TorchCompile leaves it as it is. HINT: pass the plain model and let TorchCompile compile it."
+            )
+            return
         self.summary = compile_model(pl_module, attrs=self._targets(pl_module), config=self.config)
         calls = compiled_modules(pl_module)
         self._calls = [c for c in calls.values() if isinstance(c, _CompiledCall)]

@@ -182,3 +182,13 @@ def test_compile_inductor_fit_checkpoint_reload():
     torch.testing.assert_close(plain(x), compiled_out, atol=1e-5, rtol=1e-4)
     uncompile_model(model)
     torch.testing.assert_close(plain(x), model(x))
+
+
+def test_compile_leaves_lightning_compiled_model_alone():
+    """`trainer.fit(torch.compile(model))` is Lightning's own path: the callback must not compile a second time."""
+    model = DemoMLP(hidden=(16,))
+    with pytest.warns(UserWarning, match="already compiles its steps"):
+        quiet_trainer(max_steps=1, callbacks=[TorchCompile(backend="eager")]).fit(
+            torch.compile(model, backend="eager"), _loader()
+        )
+    assert not compiled_modules(model)
