@@ -79,7 +79,8 @@ class OptimizerConfig:
         lr_scaling: ``"linear"`` | ``"sqrt"`` | ``None``: scale ``lr`` from ``base_batch_size`` to the run's
             effective batch size (batch size x devices x gradient accumulation).
         base_batch_size: the batch size ``lr`` was tuned for (needed with ``lr_scaling``).
-        implementation: ``"auto"`` (fused kernel where the optimizer and device support it, else torch's default),
+        implementation: ``"auto"`` (fused kernel where the optimizer and device support it, CPU included, else
+            torch's default),
             ``"fused"``, ``"foreach"`` or ``"for_loop"``.
         kwargs: extra keyword arguments passed to the optimizer constructor.
 

@@ -98,8 +98,12 @@ class SpeedupMixin:
                 f"`lr_scaling`={opt_cfg.lr_scaling!r} needs the batch size. HINT: give the model, its hparams or the "
                 "datamodule a `batch_size` attribute."
             )
-        optimizer = create_optimizer(self, opt_cfg, batch_size=batch)  # type: ignore[arg-type]
         trainer = getattr(self, "_trainer", None)
+        # Lightning refuses to clip gradients of fused optimizers under fp16 GradScaler
+        avoid_fused = bool(
+            trainer is not None and trainer.gradient_clip_val and str(trainer.precision).startswith("16")
+        )
+        optimizer = create_optimizer(self, opt_cfg, batch_size=batch, avoid_fused=avoid_fused)  # type: ignore[arg-type]
         scheduler = create_scheduler(optimizer, sched_cfg, trainer=trainer)
         if scheduler is None or sched_cfg is None:
             return optimizer

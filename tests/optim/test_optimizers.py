@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -20,6 +21,8 @@ from lightning_speedups.optim import (
     register_optimizer,
 )
 from lightning_speedups.optim.optimizers import _fused_devices
+from tests.helpers import quiet_trainer
+from tests.optim._data import TinyData
 
 
 def _names(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, set[str]]:
@@ -135,24 +138,32 @@ def test_lr_scaling_in_create_optimizer() -> None:
 def test_fused_chosen_only_where_supported() -> None:
     cpu = [torch.zeros(2, requires_grad=True)]
     adam, rmsprop = get_optimizer_info("adam"), get_optimizer_info("rmsprop")
-    # CPU: auto keeps torch's default kernel
-    assert choose_implementation(adam, cpu, "auto") == {}
+    cpu_fused = "cpu" in _fused_devices()  # torch >= 2.4 has fused CPU kernels
+    assert choose_implementation(adam, cpu, "auto") == ({"fused": True} if cpu_fused else {})
+    assert choose_implementation(adam, cpu, "auto", avoid_fused=True) == {}
+    assert choose_implementation(rmsprop, cpu, "auto") == {}  # RMSprop has no fused kernel
     assert choose_implementation(adam, cpu, "foreach") == {"foreach": True}
     assert choose_implementation(adam, cpu, "for_loop") == {"foreach": False}
-    # an accelerator with fused kernels: auto picks fused for optimizers that have one, never for the others
     meta = [torch.zeros(2, device="meta", requires_grad=True)]
     with mock.patch("lightning_speedups.optim.optimizers._fused_devices", return_value=["cuda", "meta"]):
         assert choose_implementation(adam, meta, "auto") == {"fused": True}
         assert choose_implementation(rmsprop, meta, "auto") == {}
         assert choose_implementation(adam, [torch.zeros(2, device="meta", dtype=torch.long)], "auto") == {}
-        assert choose_implementation(adam, meta + cpu, "auto") == {}  # mixed devices
+        assert choose_implementation(adam, meta + [torch.zeros(2, device="meta")] + cpu, "auto") == {}  # mixed
     with mock.patch("lightning_speedups.optim.optimizers._fused_devices", return_value=["cuda"]):
         assert choose_implementation(adam, meta, "auto") == {}
-    if "cpu" in _fused_devices():  # torch >= 2.4 has fused CPU Adam: explicit request honoured
-        opt = create_optimizer(cpu, OptimizerConfig("adam", implementation="fused"))
-        assert opt.defaults["fused"] is True
+        assert choose_implementation(adam, cpu, "auto") == {}
+        with pytest.raises(SpeedupConfigError, match=r"`implementation`='fused' is not available for optimizer 'adam'"):
+            create_optimizer(cpu, OptimizerConfig("adam", implementation="fused"))
     with pytest.raises(SpeedupConfigError, match=r"`implementation`='fused' is not available for optimizer 'rmsprop'"):
         create_optimizer(cpu, OptimizerConfig("rmsprop", implementation="fused"))
+    # through the mixin: fused in a plain fp32 run, never with fp16 GradScaler + gradient clipping
+    model = DemoClassifier(width=4, optimizer_config=OptimizerConfig("sgd"))
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0)
+    trainer.fit(model, TinyData(1))
+    assert trainer.optimizers[0].defaults["fused"] is (True if cpu_fused else None)
+    model._trainer = SimpleNamespace(gradient_clip_val=1.0, precision="16-mixed")  # what the mixin reads
+    assert not model.configure_optimizers().defaults.get("fused")
 
 
 def test_register_optimizer() -> None:
