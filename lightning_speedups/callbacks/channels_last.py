@@ -25,8 +25,8 @@ class ChannelsLast(Callback):
     """Convert the LightningModule and its 4-D input batches to channels_last.
 
     At ``setup`` (before the optimizer is built and before DDP wraps the model) the 4-D weights are converted with
-    :func:`~lightning_speedups.functional.channels_last.apply_channels_last`. Each batch is then converted twice over,
-    so every common batch shape is covered:
+    :func:`~lightning_speedups.functional.channels_last.apply_channels_last` (layers built later, in
+    ``configure_model``, are not). Batches are converted at two points, so every common batch shape is covered:
 
     * in ``on_{train,validation,test,predict}_batch_start`` the 4-D tensors of list / dict batches are replaced in
       place (Lightning hands the same batch object to ``training_step``), which also covers steps that call a

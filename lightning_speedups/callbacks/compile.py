@@ -84,6 +84,11 @@ class TorchCompile(Callback):
         self._checked = False
         self._load_hook: RemovableHandle | None = None
 
+    @property
+    def compiled_calls(self) -> int:
+        """How many calls went through the compiled modules so far (0 means nothing was compiled)."""
+        return sum(c.calls for c in self._calls)
+
     def _targets(self, pl_module: L.LightningModule) -> list[str]:
         if self.compile_attr is not None:
             return self.compile_attr
@@ -129,7 +134,7 @@ class TorchCompile(Callback):
         if self._checked:
             return
         self._checked = True
-        if self._calls and sum(c.calls for c in self._calls) == 0:
+        if self._calls and self.compiled_calls == 0:
             rank_zero_warn(
                 "TorchCompile: none of the compiled modules was called in the first training step, so nothing is "
                 "compiled. HINT: `training_step` probably calls submodules directly instead of `self(x)`; pass "

@@ -86,7 +86,7 @@ def test_compile_fit_checkpoint_reload_eager_backend():
     trainer = quiet_trainer(max_steps=2, limit_val_batches=1, val_check_interval=2, callbacks=[callback])
     trainer.fit(model, _loader(), _loader(16))
     assert callback.summary is not None and callback.summary.compiled == ("",)
-    assert callback._calls[0].calls == 3  # 2 training steps + 1 validation step went through the compiled call
+    assert callback.compiled_calls == 3  # 2 training steps + 1 validation step went through the compiled call
     assert is_compiled(model)
     trainer.save_checkpoint("compiled.ckpt")
     keys = list(torch.load("compiled.ckpt", weights_only=True)["state_dict"])
@@ -148,7 +148,7 @@ def test_compile_attr_and_unused_warning():
     model = BypassesForward()
     callback = TorchCompile(backend="eager", compile_attr=["encoder"])
     quiet_trainer(max_steps=2, callbacks=[callback]).fit(model, _loader())
-    assert list(compiled_modules(model)) == ["encoder"] and callback._calls[0].calls == 2
+    assert list(compiled_modules(model)) == ["encoder"] and callback.compiled_calls == 2
 
 
 def test_compile_fallback_fit():
@@ -172,7 +172,7 @@ def test_compile_inductor_fit_checkpoint_reload():
     callback = TorchCompile()  # inductor, mode="default"
     trainer = quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[callback])
     trainer.fit(model, _loader())
-    assert callback._calls[0].calls == 2 and callback._calls[0].first_call_seconds is not None
+    assert callback.compiled_calls == 2 and compiled_modules(model)[""].first_call_seconds is not None
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     trainer.save_checkpoint("inductor.ckpt")
     plain = DemoMLP.load_from_checkpoint("inductor.ckpt")
