@@ -6,8 +6,8 @@ Rules (all return a learning rate inside the searched range):
 - ``valley``: the longest stretch where the loss keeps falling; a point two thirds of the way down it (fastai's
   default, robust to a noisy start).
 - ``minimum``: a tenth of the learning rate at the loss minimum (the classic rule of thumb).
-- ``slide``: walk a window back from the divergence until the loss slope at both ends agrees, take its left end
-  (fastai's ``slide``).
+- ``slide``: walk a window back from the divergence until the slope of log(loss) at both ends agrees (within 0.05
+  per e-fold of lr), take its left end (after fastai's ``slide``; slopes smoothed over a few points).
 """
 
 from __future__ import annotations
@@ -77,14 +77,21 @@ def _minimum(lrs: list[float], losses: list[float]) -> float:
     return max(lrs[0], lrs[i] / 10)
 
 
-def _slide(lrs: list[float], losses: list[float], window: int = 15, threshold: float = 0.005) -> float:
-    # slope of the loss against log(lr) between neighbouring points
-    slope = [
-        (losses[i + 1] - losses[i]) / (math.log(lrs[i + 1]) - math.log(lrs[i]) or 1e-12) for i in range(len(lrs) - 1)
-    ]
-    window = min(window, max(1, len(slope) // 4))
-    right, left = len(slope) - 1, len(slope) - 1 - window
+def _slide(lrs: list[float], losses: list[float], window: int = 15, threshold: float = 0.05) -> float:
+    # slope of log(loss) per e-fold of lr, over +-h points so single noisy steps do not dominate
+    log_loss = [math.log(max(x, 1e-12)) for x in losses]
+    log_lr = [math.log(x) for x in lrs]
+    n = len(lrs)
+    h = max(1, n // 20)
+    slope = []
+    for i in range(n):
+        a, b = max(0, i - h), min(n - 1, i + h)
+        slope.append((log_loss[b] - log_loss[a]) / ((log_lr[b] - log_lr[a]) or 1e-12))
+    window = min(window, max(1, n // 4))
+    right, left = n - 1, n - 1 - window
     chosen = lrs[max(left, 0)]
+    # slide left from the divergence until the slopes at both ends of the window agree: its left end is on the
+    # straight part of the descent
     while left >= 0 and abs(slope[right] - slope[left]) > threshold:
         chosen = lrs[left]
         right, left = right - 1, left - 1
