@@ -118,10 +118,10 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
     """Pretrain on digits 0-4, fine-tune on 5-9: full fine-tune vs gradual unfreezing, time to ``target`` val acc."""
     from lightning_speedups.callbacks.finetuning import FineTuneFreezing
 
-    width, pre_epochs, epochs = (16, 2, 4) if quick else (32, 6, 8)
+    width, pre_epochs, epochs = (16, 2, 4) if quick else (32, 4, 8)
     L.seed_everything(0, verbose=False)
     pre = DemoClassifier(num_classes=5, width=width, optimizer_config={"lr": 3e-3})
-    _trainer(pre_epochs, []).fit(pre, *_loaders([0, 1, 2, 3, 4], 64, seed=0))
+    _trainer(pre_epochs, []).fit(pre, *_loaders([0, 1, 2, 3, 4], 32, seed=0))
     pretrained = copy.deepcopy(pre.state_dict())
     results: dict[str, _Clock] = {}
     for name in ("full", "gradual"):
@@ -133,7 +133,7 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
         cbs: list[L.Callback] = [clock]
         if name == "gradual":
             cbs.insert(0, FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False))
-        _trainer(epochs, cbs).fit(model, *_loaders([5, 6, 7, 8, 9], 64, seed=1))
+        _trainer(epochs, cbs).fit(model, *_loaders([5, 6, 7, 8, 9], 32, seed=1))
         results[name] = clock
 
     def reach(clock: _Clock) -> float:

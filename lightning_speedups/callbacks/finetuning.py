@@ -301,7 +301,7 @@ class FineTuneFreezing(Callback):
         self.unfrozen: list[str] = []  # names of the unfrozen groups
         self._trainable: list[str] = []
         self._module: L.LightningModule | None = None
-        self._frozen_norms: list[nn.Module] = []
+        self._frozen_norms: list[str] = []  # names: sync_batchnorm swaps the modules after setup()
         self._written_prefixes: set[str] = set()
         self._saved_opt_cfg: tuple[Any, ...] | None = None
         self._announced = False
@@ -325,7 +325,7 @@ class FineTuneFreezing(Callback):
                 if on or train_bn:
                     modules[n].train(module.training)
                 else:  # put in eval mode before each training batch (on_train_batch_start): stats stay untouched
-                    self._frozen_norms.append(modules[n])
+                    self._frozen_norms.append(n)
         self.unfrozen = [g.name for g in self.groups if g.name in unfrozen]
 
     def trainable_params(self, module: nn.Module) -> int:
@@ -471,7 +471,10 @@ class FineTuneFreezing(Callback):
         self._hold_frozen_norms()
 
     def _hold_frozen_norms(self) -> None:
-        for m in self._frozen_norms:  # model.train() (fit start, after validation) puts them back in train mode
+        if self._module is None:
+            return
+        for name in self._frozen_norms:  # model.train() (fit start, after validation) puts them back in train mode
+            m = self._module.get_submodule(name)
             if m.training:
                 freeze(m)  # eval mode + no grad: the running statistics keep their pretrained values
 
