@@ -1,9 +1,9 @@
 """Random crop with padding, horizontal flip and normalisation for a whole batch at once, on the batch's device.
 
 Every sample gets its own random crop offset and flip, but they are drawn as two small tensors for the whole batch
-and applied in ONE ``gather``: the source pixel of output ``(b, c, i, j)`` is row ``oy[b] + i`` and column ``ox[b] + j`` (mirrored
-when sample ``b`` is flipped) of the padded input. Reflect/replicate padding is folded into the indices (no padded
-copy); constant padding pads the batch once, which measured faster than masking the output.
+and applied in ONE ``gather``: the source pixel of output ``(b, c, i, j)`` is row ``oy[b] + i`` and column
+``ox[b] + j`` (mirrored when sample ``b`` is flipped) of the padded input. Reflect/replicate padding is folded into
+the indices (no padded copy); constant padding pads the batch once, which measured faster than masking the output.
 
 Which backend (measured, ``python -m lightning_speedups.benchmarks.data``; 2-core CPU, 2048 images 3x32x32, batch
 256, pad-4 random crop + flip + normalise): the gather-based ``"vectorized"`` backend is the default because it was

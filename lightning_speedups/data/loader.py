@@ -97,7 +97,8 @@ class DeviceDataLoader:
     moves on to the next epoch unless you call :meth:`set_epoch`.
 
     Args:
-        *tensors: tensors with the same first dimension (e.g. images and labels).
+        *tensors: tensors with the same first dimension (e.g. images and labels), or one tuple of them (e.g. the
+            output of :func:`to_tensors`).
         batch_size: samples per batch (per rank).
         shuffle: draw a new permutation each epoch.
         drop_last: drop the shard's last incomplete batch (and the remainder that does not split over the ranks).
@@ -172,10 +173,7 @@ class DeviceDataLoader:
         self._epoch = 0
         self.sampler = _EpochSetter(self)  # Lightning's `_set_sampler_epoch` looks for `loader.sampler.set_epoch`
         self.batch_sampler = None  # read by Lightning's `_is_dataloader_shuffled` next to `sampler`
-        if world_size is not None:
-            self._check_shard(*self._rank_world())
-        else:
-            self._check_shard(0, 1)
+        self._check_shard(*self._rank_world())  # again at len()/iter(), once a DDP world size is known
         check = getattr(transform, "check_input", None)
         if callable(check):
             check(self.tensors[transform_index])
