@@ -122,3 +122,13 @@ def test_batch_augment_kornia_backend():
     assert len({c.numpy().tobytes() for c in BatchAugment(seed=0, **kw)(one)}) > 20  # per-sample randomness
     normed = BatchAugment(seed=0, mean=[0.5] * 3, std=[0.25] * 3, **kw)(x)
     assert normed.dtype == torch.float32
+
+
+def test_batch_augment_seed_differs_per_ddp_rank(monkeypatch):
+    x = _images()
+    rank0 = BatchAugment(padding=4, hflip=0.5, seed=1)(x)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    rank1 = BatchAugment(padding=4, hflip=0.5, seed=1)(x)
+    assert not torch.equal(rank0, rank1)  # ranks crop differently
+    assert torch.equal(rank1, BatchAugment(padding=4, hflip=0.5, seed=1)(x))  # and each rank is reproducible

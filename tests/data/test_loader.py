@@ -230,3 +230,14 @@ def test_device_data_ddp(tmp_path):
             ref = DeviceDataLoader(torch.arange(n), batch_size=4, seed=11, rank=rank, world_size=2)
             assert seen[rank][epoch] == ref.shard_indices(epoch).tolist()
     assert seen[0][0] != seen[0][1]  # shuffling differs per epoch
+
+
+def test_device_data_reads_rank_from_torch_distributed(monkeypatch):
+    idx = torch.arange(30)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
+    loader = DeviceDataLoader(idx, batch_size=4, seed=2)
+    assert (loader.rank, loader.world_size, len(loader)) == (1, 3, 3)
+    explicit = DeviceDataLoader(idx, batch_size=4, seed=2, rank=1, world_size=3)
+    assert torch.cat([b[0] for b in loader]).tolist() == explicit.shard_indices(0).tolist()
