@@ -17,6 +17,7 @@ Nothing keeps a reference to the old optimizers or the old parameters afterwards
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,7 @@ from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
 
-__all__ = ["ParamOrigin", "rebuild_optimizers", "slice_state_tensor"]
+__all__ = ["ParamOrigin", "rebuild_optimizers", "rewrap_ddp", "slice_state_tensor"]
 
 # A new parameter's origin: the old parameter it was sliced from and, per dimension, the kept indices (sorted).
 ParamOrigin = tuple[torch.Tensor, dict[int, torch.Tensor]]
@@ -85,15 +86,23 @@ def _carry_state(
     return new_state, carried, reset
 
 
-def _rewrap_ddp(trainer: Any, pl_module: nn.Module) -> bool:
+def rewrap_ddp(trainer: Any) -> bool:
+    """Wrap the LightningModule in a fresh DDP after its parameters changed (new shapes, or newly trainable ones).
+
+    A fresh DDP builds buckets for the current trainable parameters, checks that shapes agree across ranks and
+    broadcasts rank 0's values. Returns False (and does nothing) when the model is not DDP-wrapped.
+    """
     from lightning.pytorch.strategies import DDPStrategy
     from torch.nn.parallel import DistributedDataParallel
 
     strategy = trainer.strategy
     if not isinstance(strategy, DDPStrategy) or not isinstance(strategy.model, DistributedDataParallel):
         return False
-    inner = strategy.model.module
-    # a fresh DDP builds buckets for the new shapes, checks shapes agree across ranks and broadcasts rank 0's values
+    old = strategy.model
+    inner = old.module
+    strategy.model = inner
+    del old
+    gc.collect()  # drop the old reducer and its autograd hooks before the new one registers its own
     strategy.model = strategy._setup_model(inner)
     strategy._register_ddp_hooks()
     return True
@@ -144,7 +153,7 @@ def rebuild_optimizers(
     old_optimizers = list(strategy.optimizers)
     old_configs = list(strategy.lr_scheduler_configs)
 
-    rewrapped = _rewrap_ddp(trainer, pl_module)
+    rewrapped = rewrap_ddp(trainer)
     new_optimizers, new_configs = _init_optimizers_and_lr_schedulers(pl_module)  # type: ignore[arg-type]
     if len(new_optimizers) != len(old_optimizers) or len(new_configs) != len(old_configs):
         raise SpeedupConfigError(

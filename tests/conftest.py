@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import lightning as L
 import pytest
 import torch
 
 from tests.helpers import quiet_trainer
 
-# keep CPU tests stable on 2 cores; DDP tests spawn 2 processes that would otherwise oversubscribe
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# tiny test models run fastest on one thread, and DDP tests spawn 2 processes that would otherwise oversubscribe
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,6 @@ How it keeps optimizers, schedulers, checkpoints and DDP consistent (the places 
 from __future__ import annotations
 
 import dataclasses
-import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._rebuild import rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.functional.finetuning import (
     _is_norm_with_stats,
@@ -218,24 +218,6 @@ def _plan(model: nn.Module, cfg: FineTuneConfig) -> tuple[list[_Group], list[str
         owner = [g for g in groups if any(_under(n, pre) for pre in g.prefixes)]
         (owner[0] if owner else groups[-1]).norms.append(n)
     return [g for g in groups if g.params or g.norms], trainable
-
-
-def _rewrap_ddp(trainer: L.Trainer) -> bool:
-    """Wrap the LightningModule in a fresh DDP so parameters unfrozen since the last wrap are synchronised too."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    strategy: Any = trainer.strategy
-    old = strategy.model
-    if not isinstance(old, DistributedDataParallel) or not hasattr(strategy, "_setup_model"):
-        return False
-    module = old.module
-    strategy.model = module
-    del old
-    gc.collect()  # drop the old reducer and its autograd hooks before the new one registers its own
-    strategy.model = strategy._setup_model(module)  # broadcasts rank 0's weights and registers all trainable params
-    if hasattr(strategy, "_register_ddp_hooks"):
-        strategy._register_ddp_hooks()
-    return True
 
 
 def _expand_scheduler(sched: Any, sources: list[tuple[int, float]]) -> None:
@@ -450,7 +432,7 @@ class FineTuneFreezing(Callback):
         changed = target != self.unfrozen
         if changed:
             self._apply(pl_module, target)
-            _rewrap_ddp(trainer)
+            rewrap_ddp(trainer)
         self._hold_frozen_norms()
         n = self.trainable_params(pl_module)
         if self.verbose and (changed or not self._announced):
