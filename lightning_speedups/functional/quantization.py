@@ -115,7 +115,9 @@ class _FakeQuantMixin:
     activation_fake_quantizer: nn.Module | None
 
     def _fq_weight(self) -> torch.Tensor:
-        w = self.weight
+        # under no_grad a view of the weight would still claim requires_grad without a grad_fn, which breaks
+        # hooks that inspect inputs (Lightning's model summary runs a FLOP counter under no_grad)
+        w = self.weight if torch.is_grad_enabled() else self.weight.detach()
         # per-output-channel scales: torchao quantizes 2-D tensors row-wise, so flatten the conv kernel
         return self.weight_fake_quantizer(w.reshape(w.shape[0], -1)).reshape(w.shape)
 

@@ -249,3 +249,22 @@ def test_float8_fit_cuda():
     trainer.fit(model, _Digits())
     assert isinstance(model.backbone[3], Float8Linear)
     assert trainer.callback_metrics["train_loss"].isfinite()
+
+
+def test_qat_prepared_model_with_model_summary_fits_again():
+    """A QAT-prepared model goes through Lightning's model summary (FLOP counting under no_grad) in a later fit."""
+    pytest.importorskip("torchao")
+    kw = dict(
+        limit_train_batches=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=True,
+        max_epochs=1,
+    )
+    model = DemoClassifier(width=8)
+    L.Trainer(callbacks=[QuantizationAwareTraining(start_epoch=0)], **kw).fit(model, DigitsDataModule(batch_size=16))
+    trainer = L.Trainer(**kw)
+    trainer.fit(model, DigitsDataModule(batch_size=16))
+    assert trainer.global_step == 2
