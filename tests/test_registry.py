@@ -1,5 +1,7 @@
 """Generic tests that walk the technique registry: a new technique is covered the day it is registered.
 
+The Trainer keeps its default model summary on (it runs a FLOP counter over `example_input_array`), as users have it.
+
 Each registered callback is built from a LightningCLI YAML file (class_path + its ``example_kwargs``) and trains the
 demo model for two batches.
 """
@@ -63,7 +65,6 @@ def test_registry_callback_from_yaml_trains_two_batches(name, tmp_path):
             "logger": False,
             "enable_checkpointing": False,
             "enable_progress_bar": False,
-            "enable_model_summary": False,
             "callbacks": [{"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": info.example_kwargs}],
         },
         "model": {"width": 8},
