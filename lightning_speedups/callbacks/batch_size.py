@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -72,16 +71,19 @@ def _fit_loader_problem(instance: Any) -> str | None:
 class ThroughputBatchSizeFinder(Callback):
     """Measure samples/s per batch size at the start of ``fit`` and train with the best one.
 
-    Each trial runs ``warmup_steps + steps_per_trial`` real optimizer steps (data loading, forward, backward, step,
-    through the trainer's strategy and precision) on the live model; afterwards weights, gradients, optimizer,
-    scheduler, metric and RNG state and module modes are put back bitwise, so training starts exactly as it would
-    have. Nothing is written to disk. Unlike Lightning's ``BatchSizeFinder`` it does not climb until out-of-memory:
-    doubling stops once samples/s stops improving by ``min_gain`` (``patience`` times in a row).
+    Each trial runs real optimizer steps (data loading, forward, backward, step, through the trainer's strategy and
+    precision) on the live model: ``warmup_steps`` untimed ones (first size only on CPU, every size on CUDA), then
+    timed ones until ``steps_per_trial`` steps, ``trial_samples`` samples or ``trial_time`` seconds. Afterwards
+    weights, gradients, optimizer, scheduler, metric and RNG state and module modes are put back bitwise, so training
+    starts exactly as it would have. Nothing is written to disk. Unlike Lightning's ``BatchSizeFinder`` it does not
+    climb until out-of-memory: doubling stops once samples/s stops improving by ``min_gain`` (``patience`` times in a
+    row).
 
     Args:
         mode: ``"throughput"`` (default), ``"max_fit"`` or ``"sweep"``; see :class:`BatchSizeSearchConfig`.
-        init_val, max_val, steps_per_trial, warmup_steps, min_gain, patience, refine_steps, memory_budget,
-            max_trials: see :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
+        init_val, max_val, steps_per_trial, warmup_steps, trial_samples, trial_time, min_gain, patience,
+            refine_steps, memory_budget, max_trials: see
+            :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         scale_lr: ``"linear"`` | ``"sqrt"`` | ``None``: rescale learning rates (optimizer groups, scheduler base
             lrs, a SpeedupMixin's ``optimizer_config.lr``) from the old batch size to the chosen one.
         keep_global_batch: ``True`` keeps ``batch_size * accumulate_grad_batches`` as it was; an ``int`` sets that
@@ -111,6 +113,8 @@ class ThroughputBatchSizeFinder(Callback):
         max_val: int = 4096,
         steps_per_trial: int = 3,
         warmup_steps: int = 1,
+        trial_samples: int | None = 256,
+        trial_time: float | None = 1.0,
         min_gain: float = 0.05,
         patience: int = 2,
         refine_steps: int = 0,
@@ -125,8 +129,8 @@ class ThroughputBatchSizeFinder(Callback):
     ) -> None:
         self.config = BatchSizeSearchConfig(
             mode=mode, init_val=init_val, max_val=max_val, steps_per_trial=steps_per_trial,
-            warmup_steps=warmup_steps, min_gain=min_gain, patience=patience, refine_steps=refine_steps,
-            memory_budget=memory_budget, max_trials=max_trials,
+            warmup_steps=warmup_steps, trial_samples=trial_samples, trial_time=trial_time, min_gain=min_gain,
+            patience=patience, refine_steps=refine_steps, memory_budget=memory_budget, max_trials=max_trials,
         )
         self.scale_lr = check_choice("scale_lr", scale_lr, LR_RULES)
         if not isinstance(keep_global_batch, (bool, int)) or (
@@ -155,6 +159,7 @@ class ThroughputBatchSizeFinder(Callback):
         self._restored = False
         self._exit_after_search = False
         self._fit_loader: DataLoader | None = None
+        self._trials_run = 0
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
@@ -299,6 +304,7 @@ class ThroughputBatchSizeFinder(Callback):
     def search(self, trainer: L.Trainer, pl_module: L.LightningModule) -> BatchSizeSearchResult:
         """Run the search now on the live trainer and apply its choice (also usable from your own hook)."""
         start = time.perf_counter()
+        self._trials_run = 0
         base = self._get_size(trainer, pl_module)
         device = trainer.strategy.root_device
         meter = MemoryMeter(device, local_world_size=getattr(trainer, "num_devices", 1) if device.type == "cpu" else 1)
@@ -371,7 +377,9 @@ class ThroughputBatchSizeFinder(Callback):
     def _trial(self, trainer: L.Trainer, pl_module: L.LightningModule, meter: MemoryMeter, size: int) -> BatchSizeTrial:
         loader = self._make_loader(trainer, pl_module, size)
         device = trainer.strategy.root_device
-        total = self.config.warmup_steps + self.config.steps_per_trial
+        # the process is warm after the first size; only CUDA pays again per shape (cuDNN autotune, allocator)
+        warmup = self.config.warmup_steps if (self._trials_run == 0 or device.type == "cuda") else 0
+        self._trials_run += 1
         rates: list[float] = []
         times: list[float] = []
         oom = False
@@ -380,7 +388,7 @@ class ThroughputBatchSizeFinder(Callback):
         try:
             # no gradient all-reduce: ranks measure independently, so an OOM on one rank cannot hang the others
             with _block_parallel_sync_behavior(trainer.strategy, block=True):
-                self._steps(trainer, pl_module, loader, total, rates, times)
+                self._steps(trainer, pl_module, loader, warmup, rates, times)
         except RuntimeError as err:
             if not _is_oom(err):
                 raise
@@ -389,19 +397,30 @@ class ThroughputBatchSizeFinder(Callback):
             for p in pl_module.parameters():
                 p.grad = None
         peak = meter.stop()
-        rate = statistics.median(rates) if rates and not oom else 0.0
+        # the fastest timed step: interference from other processes only ever slows a step down
+        rate = max(rates) if rates and not oom else 0.0
         if trainer.world_size > 1:  # agree per trial so every rank takes the same next step
             stats = torch.tensor([-rate, float(peak), float(oom)], device=device, dtype=torch.float64)
             stats = trainer.strategy.reduce(stats, reduce_op="max")
             rate, peak, oom = -float(stats[0]), int(stats[1]), bool(stats[2] > 0)
         return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", times)
 
-    def _steps(self, trainer: L.Trainer, pl_module: L.LightningModule, loader: Iterable, total: int,
+    def _steps(self, trainer: L.Trainer, pl_module: L.LightningModule, loader: Iterable, warmup: int,
                rates: list[float], times: list[float]) -> None:
+        """``warmup`` untimed steps, then timed ones until the step, sample or time budget of a trial is spent."""
+        cfg = self.config
         device = trainer.strategy.root_device
         iterator = iter(loader)
+        seen, spent, i = 0, 0.0, 0
         try:
-            for i in range(total):
+            while True:
+                timed = i >= warmup
+                if timed and times and (
+                    len(times) >= cfg.steps_per_trial
+                    or (cfg.trial_samples is not None and seen >= cfg.trial_samples)
+                    or (cfg.trial_time is not None and spent >= cfg.trial_time)
+                ):
+                    break
                 t0 = time.perf_counter()
                 try:
                     batch = next(iterator)
@@ -413,9 +432,12 @@ class ThroughputBatchSizeFinder(Callback):
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 dt = time.perf_counter() - t0
-                if i >= self.config.warmup_steps:
+                if timed:
                     times.append(dt)
                     rates.append(n / max(dt, 1e-9))
+                    seen += n
+                    spent += dt
+                i += 1
         finally:
             del iterator  # shuts worker processes down before the next size starts its own
 

@@ -50,8 +50,12 @@ class BatchSizeSearchConfig:
             ``"sweep"`` (measure every size of the ladder, pick the fastest; the exhaustive reference).
         init_val: first batch size tried.
         max_val: largest batch size tried.
-        steps_per_trial: timed optimizer steps per size.
-        warmup_steps: untimed steps per size first (allocator, cuDNN autotune, worker start-up).
+        steps_per_trial: at most this many timed optimizer steps per size.
+        warmup_steps: untimed steps before timing: at the first size only on CPU (the process is warm after it, a
+            new batch shape costs nothing extra there), at every size on CUDA (cuDNN autotunes each new shape).
+        trial_samples: a size stops timing once its timed steps have seen this many samples (``None``: no limit),
+            so large sizes take one step instead of ``steps_per_trial``.
+        trial_time: a size stops timing once its timed steps took this many seconds (``None``: no limit).
         min_gain: a doubling must raise samples/s by more than this fraction to count as progress; also the
             tolerance inside which the smallest size is preferred.
         patience: stop after this many doublings in a row without progress (the plateau rule).
@@ -66,6 +70,8 @@ class BatchSizeSearchConfig:
     max_val: int = 4096
     steps_per_trial: int = 3
     warmup_steps: int = 1
+    trial_samples: int | None = 256
+    trial_time: float | None = 1.0
     min_gain: float = 0.05
     patience: int = 2
     refine_steps: int = 0
@@ -82,6 +88,18 @@ class BatchSizeSearchConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SpeedupConfigError(f"`{name}`={value!r} is invalid. Allowed values: an integer >= 0.")
+        if self.trial_samples is not None and (
+            not isinstance(self.trial_samples, int) or isinstance(self.trial_samples, bool) or self.trial_samples < 1
+        ):
+            raise SpeedupConfigError(
+                f"`trial_samples`={self.trial_samples!r} is invalid. Allowed values: a positive integer or None."
+            )
+        if self.trial_time is not None and (
+            isinstance(self.trial_time, bool) or not isinstance(self.trial_time, (int, float)) or self.trial_time <= 0
+        ):
+            raise SpeedupConfigError(
+                f"`trial_time`={self.trial_time!r} is invalid. Allowed values: a positive number of seconds or None."
+            )
         if self.init_val > self.max_val:
             raise SpeedupConfigError(
                 f"`init_val`={self.init_val!r} is larger than `max_val`={self.max_val!r}. "
@@ -96,7 +114,7 @@ class BatchSizeSearchConfig:
 
 @dataclass
 class BatchSizeTrial:
-    """One measured batch size: samples/s (median over timed steps), peak memory in bytes, and what happened."""
+    """One measured batch size: samples/s (of its fastest timed step), peak memory in bytes, and what happened."""
 
     batch_size: int
     samples_per_s: float = 0.0
@@ -336,8 +354,8 @@ class MemoryMeter:
         return self.current() + int(psutil.virtual_memory().available) // self.local_world_size
 
     def start(self) -> None:
-        gc.collect()
         if self.device.type == "cuda":
+            gc.collect()  # on CPU freed Python objects do not lower RSS: skip the (tens of ms) collection
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self._hwm:

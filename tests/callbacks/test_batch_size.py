@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+from lightning_speedups.functional.batch_size import find_batch_size
 from tests.helpers import quiet_trainer
 
 
@@ -137,6 +138,26 @@ def test_batch_size_throughput_mode_logs_table(caplog):
     assert cb.result.stop_reason in ("plateau", "max_val")
     assert "samples/s" in caplog.text and "chosen" in caplog.text
     assert model.train_acc.training is False
+
+
+def test_batch_size_trials_are_budgeted_and_warm_up_once():
+    class Steps(DemoClassifier):
+        def __init__(self) -> None:
+            super().__init__(width=8)
+            self.sizes: list[int] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.sizes.append(batch[0].shape[0])
+            return super().training_step(batch, batch_idx)
+
+    model = Steps()
+    result = find_batch_size(quiet_trainer(max_epochs=1), model, Digits(), mode="sweep", init_val=16, max_val=128,
+                             steps_per_trial=3, warmup_steps=1, trial_samples=64, trial_time=None, verbose=False)
+    # 16: one warm-up + 3 timed (48 samples < 64); 32: 2 timed (64 samples); 64 and 128: one step each; no warm-up
+    # after the first size on CPU
+    assert model.sizes == [16] * 4 + [32] * 2 + [64, 128]
+    assert [len(t.step_times) for t in result.trials] == [3, 2, 1, 1]
+    assert all(t.samples_per_s == max(t.batch_size / dt for dt in t.step_times) for t in result.trials)
 
 
 def test_batch_size_restores_when_step_raises():
