@@ -128,6 +128,13 @@ def _warmup_factory(cosine: bool) -> Factory:
 
 
 def _onecycle(opt: torch.optim.Optimizer, cfg: SchedulerConfig, total: int | None) -> Scheduler:
+    assert total is not None  # onecycle needs_total_steps: resolve_total ran first
+    if cfg.pct_start * total <= 1 or (1 - cfg.pct_start) * total < 1:  # torch divides by (pct_start * total - 1)
+        raise SpeedupConfigError(
+            f"`onecycle` over {total} step(s) with `pct_start`={cfg.pct_start} leaves no room for its warm-up and "
+            "decay phases. Allowed values: pct_start * total_steps > 1 and (1 - pct_start) * total_steps >= 1. "
+            "HINT: train for more steps or raise pct_start."
+        )
     max_lrs = [(cfg.max_lr * g.get("lr_mult", 1.0)) if cfg.max_lr is not None else g["lr"] for g in opt.param_groups]
     kw: dict[str, Any] = {"cycle_momentum": "betas" in opt.defaults or bool(opt.defaults.get("momentum", 0))}
     kw.update(cfg.kwargs)

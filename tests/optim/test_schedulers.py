@@ -154,3 +154,10 @@ def test_epoch_total_and_frequency() -> None:
     trainer.fit(model, TinyData(2))
     assert trainer.lr_scheduler_configs[0].scheduler.T_max == 2
     assert trainer.lr_scheduler_configs[0].frequency == 2
+
+
+def test_onecycle_too_few_steps_is_refused():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with pytest.raises(SpeedupConfigError, match=r"`onecycle` over 4 step\(s\) with `pct_start`=0.25 leaves no room"):
+        create_scheduler(opt, SchedulerConfig("onecycle", pct_start=0.25, total_steps=4))
+    assert create_scheduler(opt, SchedulerConfig("onecycle", pct_start=0.25, total_steps=8)) is not None
