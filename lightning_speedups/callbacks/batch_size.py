@@ -82,7 +82,7 @@ class ThroughputBatchSizeFinder(Callback):
     Args:
         mode: ``"throughput"`` (default), ``"max_fit"`` or ``"sweep"``; see :class:`BatchSizeSearchConfig`.
         init_val, max_val, steps_per_trial, warmup_steps, trial_samples, trial_time, min_gain, patience,
-            refine_steps, memory_budget, max_trials: see
+            early_plateau, refine_steps, memory_budget, max_trials: see
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         scale_lr: ``"linear"`` | ``"sqrt"`` | ``None``: rescale learning rates (optimizer groups, scheduler base
             lrs, a SpeedupMixin's ``optimizer_config.lr``) from the old batch size to the chosen one.
@@ -117,6 +117,7 @@ class ThroughputBatchSizeFinder(Callback):
         trial_time: float | None = 1.0,
         min_gain: float = 0.05,
         patience: int = 2,
+        early_plateau: bool = True,
         refine_steps: int = 0,
         memory_budget: float = 0.9,
         scale_lr: str | None = None,
@@ -130,7 +131,8 @@ class ThroughputBatchSizeFinder(Callback):
         self.config = BatchSizeSearchConfig(
             mode=mode, init_val=init_val, max_val=max_val, steps_per_trial=steps_per_trial,
             warmup_steps=warmup_steps, trial_samples=trial_samples, trial_time=trial_time, min_gain=min_gain,
-            patience=patience, refine_steps=refine_steps, memory_budget=memory_budget, max_trials=max_trials,
+            patience=patience, early_plateau=early_plateau, refine_steps=refine_steps, memory_budget=memory_budget,
+            max_trials=max_trials,
         )
         self.scale_lr = check_choice("scale_lr", scale_lr, LR_RULES)
         if not isinstance(keep_global_batch, (bool, int)) or (

@@ -59,6 +59,10 @@ class BatchSizeSearchConfig:
         min_gain: a doubling must raise samples/s by more than this fraction to count as progress; also the
             tolerance inside which the smallest size is preferred.
         patience: stop after this many doublings in a row without progress (the plateau rule).
+        early_plateau: a doubling from the best size so far that still gains, but less than ``min_gain``, ends the
+            ladder at once: with a fixed plus per-sample step cost the next doubling gains about half as much again,
+            so confirming it would cost the two largest sizes for nothing. A doubling that *loses* samples/s (noise
+            from other processes, cache effects) is not explained by that model and counts toward ``patience``.
         refine_steps: bisection steps after the doubling phase (0 = none).
         memory_budget: fraction of device memory (CUDA) or of memory available to the process (CPU) a size may
             use at its peak; sizes predicted or measured above it are not chosen.
@@ -74,6 +78,7 @@ class BatchSizeSearchConfig:
     trial_time: float | None = 1.0
     min_gain: float = 0.05
     patience: int = 2
+    early_plateau: bool = True
     refine_steps: int = 0
     memory_budget: float = 0.9
     max_trials: int = 16
@@ -238,6 +243,7 @@ def search_batch_size(
 
     stop, failed_at = "end of ladder", None
     best_sps, stalls = 0.0, 0
+    previous: BatchSizeTrial | None = None
     for i, b in enumerate(ladder):
         if len(trials) >= config.max_trials:
             stop = "max_trials"
@@ -250,11 +256,17 @@ def search_batch_size(
             stop, failed_at = ("out of memory" if t.status == "oom" else "memory budget"), b
             break
         if config.mode == "throughput":
+            prev_best = best_sps
             stalls = 0 if t.samples_per_s > best_sps * (1.0 + config.min_gain) else stalls + 1
             best_sps = max(best_sps, t.samples_per_s)
+            from_best = previous is not None and previous.ok and previous.samples_per_s == prev_best
+            if stalls and config.early_plateau and from_best and t.samples_per_s >= prev_best:
+                stop = "plateau (gain < min_gain)"
+                break
             if stalls >= config.patience:
                 stop = "plateau"
                 break
+            previous = t
         if i == len(ladder) - 1:
             stop = "max_val" if b == config.max_val else f"cap {b} (dataset size / global batch)"
 

@@ -70,11 +70,27 @@ def test_ladder():
 
 def test_search_stops_at_plateau_and_prefers_smallest_within_tolerance():
     measure = fake({8: 100.0, 16: 200.0, 32: 400.0, 64: 410.0, 128: 405.0, 256: 500.0})
-    result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
+    cfg = BatchSizeSearchConfig(init_val=8, max_val=256, early_plateau=False)
+    result = search_batch_size(measure, cfg, batch_size_ladder(8, 256))
     assert result.stop_reason == "plateau"
     assert measure.calls == [8, 16, 32, 64, 128]  # 64 and 128 gained < 5% twice: 256 never tried
     assert result.chosen == 32  # 410 is within 5% of 400: the smaller size wins
     assert [t.batch_size for t in result.trials] == measure.calls
+
+
+def test_search_early_plateau_stops_on_a_small_gain_not_on_a_dip():
+    measure = fake({8: 100.0, 16: 200.0, 32: 400.0, 64: 410.0, 128: 405.0, 256: 500.0})
+    result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
+    assert measure.calls == [8, 16, 32, 64] and result.stop_reason == "plateau (gain < min_gain)"
+    assert result.chosen == 32
+    # a dip (16 measured slower than 8) is not a plateau: the ladder goes on until a small gain from the best
+    measure = fake({8: 100.0, 16: 90.0, 32: 400.0, 64: 800.0, 128: 820.0, 256: 900.0})
+    result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
+    assert measure.calls == [8, 16, 32, 64, 128] and result.chosen == 64
+    # a small gain after a dip (not from the best size) needs `patience` stalls
+    measure = fake({8: 100.0, 16: 400.0, 32: 300.0, 64: 310.0, 128: 900.0, 256: 910.0})
+    result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
+    assert measure.calls == [8, 16, 32, 64] and result.stop_reason == "plateau" and result.chosen == 16
 
 
 def test_search_max_fit_and_sweep():
