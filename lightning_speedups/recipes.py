@@ -258,7 +258,7 @@ def _common(
 def fast_train(
     model: nn.Module | None = None,
     max_epochs: int = 10,
-    lr: float = 3e-3,
+    lr: float = 1e-2,
     channels_last: bool | str = "auto",
     compile: bool = False,
     precision: str = "auto",
@@ -288,7 +288,7 @@ def fast_train(
 def fast_finetune(
     model: nn.Module | None = None,
     max_epochs: int = 6,
-    lr: float = 3e-3,
+    lr: float = 1e-2,
     unfreeze_at_epoch: int = 2,
     backbone: Any = None,
     channels_last: bool | str = "auto",
