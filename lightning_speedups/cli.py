@@ -72,7 +72,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"Machine: {machine['cpu']}, {machine['cpu_count']} cores, {machine['torch_threads']} torch threads, "
         f"torch {machine['torch']}, device {machine['device']}. Mode: {'quick' if args.quick else 'full'}."
     )
-    rows, errors = run_benchmarks(quick=args.quick, only=_split(args.only), skip=_split(args.skip))
+    rows, errors = run_benchmarks(
+        quick=args.quick, only=_split(args.only), skip=_split(args.skip), target=args.target_accuracy
+    )
     print("\nSpeedup = baseline median time / technique median time, measured interleaved in this run.\n")
     print(format_table(rows))
     if args.json:
@@ -82,7 +84,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         with open(args.markdown, "w") as f:
             f.write(format_markdown(rows, machine))
         print(f"wrote {args.markdown}")
-    if args.plots:
+    if args.plots and rows:
         for path in write_plots(args.plots, rows):
             print(f"wrote {path}")
     if errors:
@@ -116,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plots", metavar="DIR", help="write PNG charts (needs matplotlib)")
     bench.add_argument("--only", metavar="NAMES", help="comma-separated technique names to run")
     bench.add_argument("--skip", metavar="NAMES", help="comma-separated technique names to skip")
+    bench.add_argument(
+        "--target-accuracy",
+        type=float,
+        metavar="ACC",
+        help="validation accuracy for the time-to-accuracy benchmarks (recipes: default 0.95)",
+    )
     bench.set_defaults(func=_cmd_bench)
     advise = sub.add_parser("advise", help="run the SpeedAdvisor on the plain demo baseline and print its report")
     advise.add_argument("--quick", action="store_true", help="a shorter window")

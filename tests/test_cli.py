@@ -64,3 +64,28 @@ def test_cli_bench_unknown_technique(capsys):
     assert main(["bench", "--quick", "--only", "warp_drive"]) == 2
     err = capsys.readouterr().err
     assert "`technique`='warp_drive' is not registered. Allowed values:" in err
+
+
+def test_cli_bench_target_out_of_range(capsys):
+    assert main(["bench", "--quick", "--only", "recipes", "--target-accuracy", "1.5"]) == 2
+    assert "`target`=1.5 is out of range" in capsys.readouterr().err
+
+
+def test_cli_bench_unreachable_target_errors_in_bounded_time(capsys):
+    # the digits task cannot reach 100% validation accuracy: the bench stops after its epoch budget and says so
+    assert main(["bench", "--quick", "--only", "recipes", "--target-accuracy", "1.0"]) == 1
+    err = capsys.readouterr().err
+    assert "recipes: SpeedupConfigError: `target`=1.0 was not reached" in err and "lower the target" in err
+
+
+@pytest.mark.slow
+def test_cli_bench_quick_every_technique(tmp_path):
+    import lightning_speedups as ls
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--json", str(out), "--plots", str(tmp_path)]) == 0
+    payload = json.loads(out.read_text())
+    with_bench = {n for n in ls.list_techniques() if ls.get_technique(n).bench is not None}
+    assert len(payload["rows"]) >= len(with_bench)
+    assert all(r["ratio"] > 0 for r in payload["rows"])
+    assert (tmp_path / "speedups.png").exists() and (tmp_path / "accuracy_vs_time.png").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 import traceback
@@ -9,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._registry import get_technique, list_techniques
 from lightning_speedups.benchmarks._common import BenchRow, machine_info
 
@@ -33,9 +34,18 @@ def _select(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]
 
 
 def run_benchmarks(
-    quick: bool = True, only: Sequence[str] | None = None, skip: Sequence[str] | None = None, echo: bool = True
+    quick: bool = True,
+    only: Sequence[str] | None = None,
+    skip: Sequence[str] | None = None,
+    echo: bool = True,
+    target: float | None = None,
 ) -> tuple[list[BenchRow], dict[str, str]]:
-    """Run each selected technique's ``run(quick)`` in turn; return all rows and ``{technique: error}``."""
+    """Run each selected technique's ``run(quick)`` in turn; return all rows and ``{technique: error}``.
+
+    ``target`` (a validation accuracy) goes to the benchmarks that measure time to a target accuracy.
+    """
+    if target is not None:
+        check_range("target", target, 0.0, 1.0, low_inclusive=False)
     rows: list[BenchRow] = []
     errors: dict[str, str] = {}
     for name in _select(only, skip):
@@ -45,7 +55,10 @@ def run_benchmarks(
         if echo:
             print(f"[bench] {name} ...", flush=True)
         try:
-            new = list(bench(quick=quick))
+            kwargs: dict[str, Any] = {"quick": quick}
+            if target is not None and "target" in inspect.signature(bench).parameters:
+                kwargs["target"] = target
+            new = list(bench(**kwargs))
         except Exception as err:  # one broken benchmark must not hide the others' results
             errors[name] = f"{type(err).__name__}: {err}"
             if echo:
