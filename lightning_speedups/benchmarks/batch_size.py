@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import warnings
 from typing import Any
 
 import lightning as L
 import torch
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, machine_info, median
+from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
 from lightning_speedups.functional.batch_size import find_batch_size
 
@@ -142,14 +141,7 @@ def _tmpdir() -> str:
     return path
 
 
-def main() -> None:
-    quick = "--full" not in sys.argv
-    print(machine_info())
-    for row in run(quick=quick):
-        verdict = "" if row.ratio >= 1.0 or row.metric != "search_time" else "  (no speedup)"
-        print(f"{row.variant}: baseline {row.baseline:.2f} {row.unit}, candidate {row.candidate:.2f} {row.unit}, "
-              f"ratio {row.ratio:.2f}{verdict}  | {row.note}")
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
 
-
-if __name__ == "__main__":
-    main()
+    bench_main(run)

@@ -15,14 +15,13 @@ intra-op threads).
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, machine_info, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
 
 __all__ = ["run", "run_channels_last", "run_compile"]
 
@@ -207,16 +206,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     return run_channels_last(quick) + run_compile(quick)
 
 
-def _print(rows: list[BenchRow]) -> None:
-    print(machine_info())
-    print(f"{'variant':52s} {'baseline':>10s} {'candidate':>10s} {'ratio':>7s}  note")
-    for r in rows:
-        acc = "" if r.accuracy_delta is None else f"; acc {r.accuracy_baseline:.3f}->{r.accuracy_candidate:.3f}"
-        verdict = "" if r.ratio > 1.05 else " (no speedup)"
-        print(f"{r.variant:52s} {r.baseline:10.0f} {r.candidate:10.0f} {r.ratio:6.2f}x{verdict}  {r.note}{acc}")
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
 
-
-if __name__ == "__main__":
-    if "--threads" in sys.argv:
-        torch.set_num_threads(int(sys.argv[sys.argv.index("--threads") + 1]))
-    _print(run(quick="--full" not in sys.argv))
+    bench_main(run)

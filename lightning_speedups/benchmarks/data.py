@@ -11,14 +11,13 @@ torch's intra-op threads: on a machine shared with other jobs, 1 thread avoids O
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, machine_info, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
 
 __all__ = ["run"]
 
@@ -190,16 +189,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     return rows
 
 
-def _print(rows: list[BenchRow]) -> None:
-    print(machine_info())
-    print(f"{'variant':34s} {'baseline':>12s} {'candidate':>12s} {'ratio':>8s}  note")
-    for r in rows:
-        acc = "" if r.accuracy_delta is None else f" acc {r.accuracy_baseline:.3f}->{r.accuracy_candidate:.3f}"
-        verdict = "" if r.ratio > 1.05 else " (no speedup)"
-        print(f"{r.variant:34s} {r.baseline:12.0f} {r.candidate:12.0f} {r.ratio:7.1f}x{verdict}  {r.note}{acc}")
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
 
-
-if __name__ == "__main__":
-    if "--threads" in sys.argv:  # e.g. --threads 1 on a machine shared with other jobs (spinning OpenMP threads)
-        torch.set_num_threads(int(sys.argv[sys.argv.index("--threads") + 1]))
-    _print(run(quick="--full" not in sys.argv))
+    bench_main(run)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import sys
 import time
 import warnings
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, machine_info, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
 from lightning_speedups.demo import DemoClassifier, load_digits_tensors
 from lightning_speedups.demo.data import DIGITS_MEAN, DIGITS_STD
 from lightning_speedups.functional.finetuning import freeze, load_pretrained, replace_head
@@ -177,10 +176,7 @@ def run(quick: bool = True) -> list[BenchRow]:
         return [step_ratio(quick), time_to_accuracy(quick)]
 
 
-if __name__ == "__main__":
-    print(machine_info())
-    for row in run(quick="--full" not in sys.argv):
-        acc = "" if row.accuracy_baseline is None else (
-            f"  acc {row.accuracy_baseline:.3f} -> {row.accuracy_candidate:.3f}")
-        print(f"{row.variant}: {row.metric} {row.baseline:.3f}{row.unit} -> {row.candidate:.3f}{row.unit} "
-              f"= {row.ratio:.2f}x{acc}  ({row.note})")
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
+
+    bench_main(run)

@@ -14,14 +14,12 @@ Run: ``python -m lightning_speedups.benchmarks.optim`` (add ``--full`` for the l
 from __future__ import annotations
 
 import math
-import sys
 import time
-from typing import Any
 
 import lightning as L
 import torch
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, machine_info, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
 from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, create_optimizer
 
@@ -150,17 +148,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     return [_time_to_target_row(quick), _fused_row(quick)]
 
 
-def _main(argv: list[str]) -> None:  # pragma: no cover - manual entry point
-    info: dict[str, Any] = machine_info()
-    print(info)
-    for row in run(quick="--full" not in argv):
-        print(
-            f"{row.variant}: {row.metric}: baseline {row.baseline:.3g} {row.unit}, candidate {row.candidate:.3g} "
-            f"{row.unit}, ratio {row.ratio:.2f}x, acc {row.accuracy_baseline} -> {row.accuracy_candidate}; {row.note}"
-        )
-        if row.extra:
-            print("   ", row.extra)
-
-
 if __name__ == "__main__":  # pragma: no cover
-    _main(sys.argv[1:])
+    from lightning_speedups.benchmarks.runner import bench_main
+
+    bench_main(run)

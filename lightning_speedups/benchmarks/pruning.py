@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 
 import torch
 
@@ -142,15 +141,6 @@ def run(quick: bool = True) -> list[BenchRow]:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import time
+    from lightning_speedups.benchmarks.runner import bench_main
 
-    from lightning_speedups.benchmarks._common import machine_info
-
-    print(machine_info())
-    start = time.perf_counter()
-    for row in run(quick="--full" not in sys.argv):
-        print(
-            f"{row.variant:<36} {row.ratio:5.2f}x  acc {row.accuracy_baseline:.3f} -> {row.accuracy_candidate:.3f}"
-            f"  ({row.note})"
-        )
-    print(f"{time.perf_counter() - start:.1f} s")
+    bench_main(run)

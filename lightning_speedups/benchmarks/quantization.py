@@ -8,14 +8,13 @@ of 64, model size ratio, accuracy of each int8 model against the fp32 one, and w
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 
 import torch
 from torch import nn
 
-from lightning_speedups.benchmarks._common import BenchRow, machine_info, median
+from lightning_speedups.benchmarks._common import BenchRow, median
 from lightning_speedups.demo import load_digits_tensors
 from lightning_speedups.functional.quantization import prepare_qat, quantize_for_inference
 
@@ -136,20 +135,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--full", action="store_true", help="larger MLP (hidden 4096), more epochs, auto backend")
-    args = parser.parse_args()
-    print(machine_info())
-    print(f"{'variant':32} {'metric':18} {'baseline':>10} {'candidate':>10} {'ratio':>7} {'acc fp32':>8} {'acc':>7}")
-    for r in run(quick=not args.full):
-        acc_b = f"{r.accuracy_baseline:.4f}" if r.accuracy_baseline is not None else "-"
-        acc_c = f"{r.accuracy_candidate:.4f}" if r.accuracy_candidate is not None else "-"
-        print(
-            f"{r.variant:32} {r.metric:18} {r.baseline:10.4g} {r.candidate:10.4g} {r.ratio:6.2f}x {acc_b:>8} "
-            f"{acc_c:>7}  {r.note}"
-        )
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
 
-
-if __name__ == "__main__":
-    main()
+    bench_main(run)

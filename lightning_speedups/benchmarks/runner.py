@@ -6,7 +6,7 @@ import inspect
 import json
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +176,26 @@ def write_plots(directory: str | Path, rows: Sequence[BenchRow]) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def bench_main(run: Callable[..., list[BenchRow]], argv: Sequence[str] | None = None) -> None:
+    """Command-line entry of one benchmark module: ``python -m lightning_speedups.benchmarks.<x> [--full]
+    [--threads N]``; prints the machine, the table and the wall time.
+
+    ``--threads 1`` helps on a machine shared with other jobs, where spinning OpenMP threads distort timings.
+    """
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=(run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else None)
+    parser.add_argument("--full", action="store_true", help="full mode: larger sizes, more repeats")
+    parser.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(machine_info())
+    start = time.perf_counter()
+    rows = run(quick=not args.full)
+    print(format_table(rows))
+    print(f"({'full' if args.full else 'quick'} mode, {time.perf_counter() - start:.1f} s)")
