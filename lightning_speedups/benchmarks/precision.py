@@ -59,3 +59,9 @@ def run(quick: bool = True) -> list[BenchRow]:
             note=f"{note}; accuracy after {steps} steps each",
         )
     ]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
+
+    bench_main(run)

@@ -108,3 +108,9 @@ def run(quick: bool = True, target: float = 0.95) -> list[BenchRow]:
             extra={"curves": curves},
         )
     ]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from lightning_speedups.benchmarks.runner import bench_main
+
+    bench_main(run)
