@@ -15,7 +15,7 @@ from lightning_speedups import (
     get_recipe,
     list_recipes,
 )
-from lightning_speedups.benchmarks.recipes import _TimeToTarget
+from lightning_speedups.benchmarks._common import TimeToTarget
 from lightning_speedups.demo import DemoClassifier, DemoMLP, DigitsDataModule
 from lightning_speedups.recipes import check_conflicts, device_datamodule
 from tests.helpers import quiet_trainer
@@ -89,7 +89,7 @@ def test_time_to_target_recorder_stops_at_target():
         callback_metrics = {"val_acc": torch.tensor(0.97)}
         should_stop = False
 
-    rec = _TimeToTarget(0.95)
+    rec = TimeToTarget(0.95)
     rec.on_fit_start(None, None)
     rec.on_validation_epoch_end(T, None)
     assert T.should_stop and rec.reached_at is not None and rec.curve[0][1] == pytest.approx(0.97)

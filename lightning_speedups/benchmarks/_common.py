@@ -10,9 +10,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import lightning as L
 import torch
 
-__all__ = ["BenchRow", "interleaved_timings", "machine_info", "make_train_step", "median", "speed_ratio"]
+__all__ = [
+    "BenchRow",
+    "TimeToTarget",
+    "interleaved_timings",
+    "machine_info",
+    "make_train_step",
+    "median",
+    "speed_ratio",
+]
 
 
 @dataclass
@@ -130,3 +139,33 @@ def make_train_step(
         return float(loss.detach())
 
     return step
+
+
+class TimeToTarget(L.Callback):
+    """Records ``(seconds since fit start, val_acc)`` per validation, and when ``val_acc`` first reaches ``target``.
+
+    Args:
+        target: the validation accuracy to time.
+        stop: end the run once the target is reached (time-to-accuracy only); ``False`` keeps training to the end of
+            the budget so the final accuracy can be reported too.
+    """
+
+    def __init__(self, target: float, stop: bool = True) -> None:
+        self.target, self.stop = target, stop
+        self.curve: list[tuple[float, float]] = []
+        self.reached_at: float | None = None
+        self.start = 0.0
+
+    @property
+    def accs(self) -> list[float]:
+        return [acc for _, acc in self.curve]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        acc = float(trainer.callback_metrics.get("val_acc", 0.0))
+        self.curve.append((time.perf_counter() - self.start, acc))
+        if acc >= self.target and self.reached_at is None:
+            self.reached_at = self.curve[-1][0]
+            trainer.should_stop = self.stop

@@ -14,43 +14,23 @@ Run: ``python -m lightning_speedups.benchmarks.optim`` (add ``--full`` for the l
 from __future__ import annotations
 
 import math
-import time
 
 import lightning as L
 import torch
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget, interleaved_timings, median, speed_ratio
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
 from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, create_optimizer
 
 __all__ = ["run"]
 
 
-class _TimeToTarget(L.Callback):
-    """Wall time from the start of training until ``val_acc`` first reaches ``target`` (validation included)."""
-
-    def __init__(self, target: float) -> None:
-        self.target = target
-        self.start = 0.0
-        self.reached: float | None = None
-        self.accs: list[float] = []
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start = time.perf_counter()
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        acc = float(trainer.callback_metrics["val_acc"])
-        self.accs.append(acc)
-        if self.reached is None and acc >= self.target:
-            self.reached = time.perf_counter() - self.start
-
-
 def _train(
     opt: OptimizerConfig, sched: SchedulerConfig | None, epochs: int, width: int, size: int, target: float
-) -> _TimeToTarget:
+) -> TimeToTarget:
     L.seed_everything(0, verbose=False)
     model = DemoClassifier(width=width, optimizer_config=opt, scheduler_config=sched)
-    rec = _TimeToTarget(target)
+    rec = TimeToTarget(target, stop=False)
     trainer = L.Trainer(
         accelerator="auto",
         devices=1,
@@ -76,13 +56,13 @@ def _time_to_target_row(quick: bool) -> BenchRow:
             SchedulerConfig("onecycle", pct_start=0.25),
         ),
     }
-    results: dict[str, list[_TimeToTarget]] = {name: [] for name in candidates}
+    results: dict[str, list[TimeToTarget]] = {name: [] for name in candidates}
     for _ in range(repeats):  # interleaved A B A B: machine noise hits both alike
         for name, (opt, sched) in candidates.items():
             results[name].append(_train(opt, sched, epochs, width, size, target))
 
     def ttt(name: str) -> float:
-        times = [r.reached if r.reached is not None else math.inf for r in results[name]]
+        times = [r.reached_at if r.reached_at is not None else math.inf for r in results[name]]
         return median(times)
 
     base, cand = ttt("adam_constant"), ttt("sgd_onecycle")

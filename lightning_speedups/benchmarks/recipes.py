@@ -6,13 +6,12 @@ Baseline (as most users write it): ``DigitsDataModule`` with per-sample transfor
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import lightning as L
 
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.benchmarks._common import BenchRow, median
+from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget, median
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
 from lightning_speedups.optim import OptimizerConfig
 from lightning_speedups.recipes import device_datamodule, fast_train
@@ -28,35 +27,16 @@ _QUIET: dict[str, Any] = dict(
 )
 
 
-class _TimeToTarget(L.Callback):
-    """Records (seconds since fit start, val_acc) after each validation and stops once ``target`` is reached."""
-
-    def __init__(self, target: float) -> None:
-        self.target = target
-        self.curve: list[tuple[float, float]] = []
-        self.reached_at: float | None = None
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start = time.perf_counter()
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        acc = float(trainer.callback_metrics.get("val_acc", 0.0))
-        self.curve.append((time.perf_counter() - self.start, acc))
-        if acc >= self.target and self.reached_at is None:
-            self.reached_at = self.curve[-1][0]
-            trainer.should_stop = True
-
-
 def time_to_accuracy(
     kind: str, target: float, max_epochs: int, width: int, seed: int, recipe_epochs: int = 4, batch_size: int = 64
-) -> _TimeToTarget:
+) -> TimeToTarget:
     """Train the baseline or the recipe once from ``seed``; the returned recorder holds the curve and the time.
 
     The baseline may run up to ``max_epochs``; the recipe's OneCycle schedule spans ``recipe_epochs`` at
     ``batch_size``. Both stop as soon as they reach ``target``.
     """
     L.seed_everything(seed, verbose=False)
-    recorder = _TimeToTarget(target)
+    recorder = TimeToTarget(target)
     if kind == "baseline":
         model = DemoClassifier(width=width, optimizer_config=OptimizerConfig("adam", lr=1e-3))
         trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, callbacks=[recorder], **_QUIET)
@@ -77,7 +57,7 @@ def run(quick: bool = True, target: float = 0.95) -> list[BenchRow]:
     max_epochs = 8 if quick else 12
     recipe_epochs = 4 if quick else 5
     width = 16 if quick else 32
-    results: dict[str, list[_TimeToTarget]] = {"baseline": [], "fast_train": []}
+    results: dict[str, list[TimeToTarget]] = {"baseline": [], "fast_train": []}
     for r in range(repeats):  # alternate baseline / recipe so machine noise hits both alike
         for kind in results:
             results[kind].append(time_to_accuracy(kind, target, max_epochs, width, seed=r, recipe_epochs=recipe_epochs))
