@@ -16,6 +16,8 @@ torch.set_num_threads(1)
 def _isolate(tmp_path, monkeypatch):
     """Each test runs in its own temporary directory and starts from the same seed."""
     monkeypatch.chdir(tmp_path)
+    # Lightning stores the DDP port it picked in os.environ; a later DDP test reusing it can hit a port still in use
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     L.seed_everything(0, workers=True, verbose=False)
     yield
 
