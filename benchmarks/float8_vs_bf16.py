@@ -14,16 +14,15 @@ float8 wins from about 4096 wide on H100; smaller shapes are often slower (cast 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from lightning_speedups.measure import interleaved_timings, median, model_copy
 
 
 def _block(d: int, layers: int) -> nn.Sequential:
@@ -47,23 +46,6 @@ def _step_fn(model: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> Callable[
     return step
 
 
-def _time(fns: dict[str, Callable[[], None]], repeats: int, warmup: int, cuda: bool) -> dict[str, list[float]]:
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if cuda:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-            out[name].append(time.perf_counter() - t)
-    return out
-
-
 def run(
     sizes: list[int], tokens: int, layers: int, recipe: str, compile_: bool, repeats: int, dry_run: bool
 ) -> list[dict[str, Any]]:
@@ -78,7 +60,7 @@ def run(
     for d in sizes:
         torch.manual_seed(0)
         base = _block(d, layers).to(device)
-        f8 = copy.deepcopy(base)
+        f8 = model_copy(base)
         converted = 0
         if not dry_run:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -88,10 +70,9 @@ def run(
         if compile_ and not dry_run:
             base, f8 = torch.compile(base), torch.compile(f8)
         x = torch.randn(tokens, d, device=device, dtype=dtype)
-        times = _time(
-            {"bf16": _step_fn(base, x, dtype), "float8": _step_fn(f8, x, dtype)}, repeats, 2 if dry_run else 5, cuda
-        )
-        b, f = statistics.median(times["bf16"]), statistics.median(times["float8"])
+        steps = {"bf16": _step_fn(base, x, dtype), "float8": _step_fn(f8, x, dtype)}
+        times = interleaved_timings(steps, repeats, warmup=2 if dry_run else 5, sync=cuda)
+        b, f = median(times["bf16"]), median(times["float8"])
         rows.append(
             {"size": d, "tokens": tokens, "bf16_s": b, "float8_s": f, "ratio": b / f, "float8_layers": converted}
         )

@@ -22,7 +22,7 @@ def _version(dist: str) -> str:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     import lightning_speedups as ls
-    from lightning_speedups.benchmarks import machine_info
+    from lightning_speedups.measure import machine_info
     from lightning_speedups.settings import cpu_bf16_speed_ratio, enable_speed_flags, explain_trainer_settings
 
     print(f"lightning-speedups {ls.__version__} on Python {platform.python_version()} ({platform.platform()})")
@@ -58,7 +58,6 @@ def _split(value: str | None) -> list[str] | None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import lightning_speedups  # noqa: F401  (registers the techniques)
-    from lightning_speedups.benchmarks import machine_info
     from lightning_speedups.benchmarks.runner import (
         format_markdown,
         format_table,
@@ -66,6 +65,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         write_json,
         write_plots,
     )
+    from lightning_speedups.measure import machine_info
 
     machine = machine_info()
     print(

@@ -193,9 +193,7 @@ def measure_cpu_layout_and_precision(
     not touched. On a Xeon with AMX, bf16 + channels_last measured 2-3x faster for the demo CNN; on CPUs without
     bf16 units bf16 is ~10x slower, and channels_last helps some CPUs and not others: hence measure, not assume.
     """
-    import copy
-
-    from lightning_speedups.benchmarks._common import interleaved_timings, make_train_step, median
+    from lightning_speedups.measure import interleaved_timings, make_train_step, median, model_copy
 
     x = example.expand(batch_size, *example.shape[1:]).contiguous()
     y = torch.zeros(batch_size, dtype=torch.long)
@@ -203,7 +201,7 @@ def measure_cpu_layout_and_precision(
     for cl, bf16 in ((False, False), (True, False), (False, True), (True, True)):
         if cl and x.dim() != 4:
             continue
-        m = copy.deepcopy(model).cpu()
+        m = model_copy(model).cpu()
         xi = x.contiguous(memory_format=torch.channels_last) if cl else x
         if cl:
             m = m.to(memory_format=torch.channels_last)

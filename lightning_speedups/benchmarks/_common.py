@@ -1,17 +1,17 @@
-"""Measurement helpers shared by every benchmark: interleaved timing, medians, ratios, machine description."""
+"""What every benchmark shares: the :class:`BenchRow` record and the :class:`TimeToTarget` recorder.
+
+The timing helpers live in :mod:`lightning_speedups.measure` (re-exported here for older imports).
+"""
 
 from __future__ import annotations
 
-import os
-import platform
-import statistics
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
-import torch
+
+from lightning_speedups.measure import interleaved_timings, machine_info, make_train_step, median, speed_ratio
 
 __all__ = [
     "BenchRow",
@@ -54,91 +54,6 @@ class BenchRow:
         d = asdict(self)
         d["accuracy_delta"] = self.accuracy_delta
         return d
-
-
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def interleaved_timings(
-    candidates: dict[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Time each callable ``repeats`` times, interleaved A B C A B C ..., after ``warmup`` untimed rounds.
-
-    Interleaving spreads machine noise (other processes, thermal state) evenly over the candidates.
-    """
-    for _ in range(warmup):
-        for fn in candidates.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def speed_ratio(baseline_times: Sequence[float], candidate_times: Sequence[float]) -> float:
-    """``median(baseline) / median(candidate)``: how many times faster the candidate is."""
-    return median(baseline_times) / max(median(candidate_times), 1e-12)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model, threads, torch version and device, printed above every benchmark table."""
-    info: dict[str, Any] = {
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": "cpu",
-    }
-    if torch.cuda.is_available():
-        info["device"] = torch.cuda.get_device_name(0)
-        info["cuda_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-    return info
-
-
-def make_train_step(
-    model: torch.nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    optimizer: torch.optim.Optimizer | None = None,
-    autocast_dtype: torch.dtype | None = None,
-) -> Callable[[], float]:
-    """A closure doing one forward/backward/optimizer step of ``model`` on ``(x, y)``; returns the loss.
-
-    ``autocast_dtype=torch.bfloat16`` runs the forward under autocast on ``x``'s device, as ``precision="bf16-mixed"``.
-    """
-    optimizer = optimizer or torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    model.train()
-
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return float(loss.detach())
-
-    return step
 
 
 class TimeToTarget(L.Callback):

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from lightning_speedups.benchmarks._common import BenchRow, machine_info, median
+from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.measure import machine_info, median
 
 __all__ = ["run", "run_advice"]
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.measure import interleaved_timings, median, speed_ratio
 
 __all__ = ["run", "run_channels_last", "run_compile"]
 

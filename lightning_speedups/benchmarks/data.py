@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.measure import interleaved_timings, median, speed_ratio
 
 __all__ = ["run"]
 

@@ -21,10 +21,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.demo import DemoClassifier, load_digits_tensors
 from lightning_speedups.demo.data import DIGITS_MEAN, DIGITS_STD
 from lightning_speedups.functional.finetuning import freeze, load_pretrained, replace_head
+from lightning_speedups.measure import interleaved_timings, median, speed_ratio
 
 __all__ = ["run", "step_ratio", "time_to_accuracy"]
 

@@ -18,8 +18,9 @@ import math
 import lightning as L
 import torch
 
-from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget, interleaved_timings, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+from lightning_speedups.measure import interleaved_timings, median, speed_ratio
 from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, create_optimizer
 
 __all__ = ["run"]

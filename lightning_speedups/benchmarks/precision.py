@@ -6,8 +6,9 @@ import copy
 
 import torch
 
-from lightning_speedups.benchmarks._common import BenchRow, interleaved_timings, make_train_step, median, speed_ratio
+from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.demo import DemoClassifier, load_digits_tensors
+from lightning_speedups.measure import interleaved_timings, make_train_step, median, speed_ratio
 
 __all__ = ["run"]
 

@@ -14,9 +14,10 @@ import time
 import torch
 from torch import nn
 
-from lightning_speedups.benchmarks._common import BenchRow, median
+from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.demo import load_digits_tensors
 from lightning_speedups.functional.quantization import prepare_qat, quantize_for_inference
+from lightning_speedups.measure import median
 
 __all__ = ["run"]
 

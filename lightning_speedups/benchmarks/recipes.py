@@ -11,8 +11,9 @@ from typing import Any
 import lightning as L
 
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget, median
+from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+from lightning_speedups.measure import median
 from lightning_speedups.optim import OptimizerConfig
 from lightning_speedups.recipes import device_datamodule, fast_train
 

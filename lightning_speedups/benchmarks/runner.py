@@ -12,7 +12,8 @@ from typing import Any
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._registry import get_technique, list_techniques
-from lightning_speedups.benchmarks._common import BenchRow, machine_info
+from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.measure import machine_info
 
 __all__ = ["run_benchmarks", "format_table", "format_markdown", "write_json", "write_plots", "BenchFailure"]
 

@@ -15,9 +15,9 @@ from torch import nn
 from lightning_speedups import settings
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.benchmarks._common import _cpu_model
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThresholds, Measurements, OptimizerInfo
+from lightning_speedups.measure import cpu_model
 
 __all__ = ["SpeedAdvisor"]
 
@@ -309,7 +309,7 @@ class SpeedAdvisor(Callback):
             peak = get_available_flops(device, dtype)
             m.peak_flops = float(peak) if peak else None
         else:
-            m.device_name = _cpu_model() if device.type == "cpu" else device.type
+            m.device_name = cpu_model() if device.type == "cpu" else device.type
             m.memory_kind = "cpu_rss"
             m.peak_memory_bytes = self._rss_peak or None
             try:

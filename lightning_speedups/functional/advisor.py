@@ -10,11 +10,9 @@ live here too and work on plain modules and tensors.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups.measure import interleaved_ratio, model_copy
 
 __all__ = [
     "AdvisorReport",
@@ -600,41 +599,14 @@ class AdvisorReport:
 
 
 # ---- cheap micro-measurements ------------------------------------------------------------------------------------
-def _interleaved_ratio(
-    base: Callable[[], Any], cand: Callable[[], Any], repeats: int, sync: bool = False, budget_s: float = 3.0
-) -> float:
-    """median(base) / median(cand) over interleaved runs after one warm-up each (> 1: candidate faster).
-
-    Stops early once ``budget_s`` seconds have been spent (after at least two timed pairs), so a slow model or a loaded
-    machine cannot stretch the measurement.
-    """
-    tb: list[float] = []
-    tc: list[float] = []
-    start = time.perf_counter()
-    base()
-    cand()
-    for _ in range(repeats):
-        for fn, acc in ((base, tb), (cand, tc)):
-            if sync:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if sync:
-                torch.cuda.synchronize()
-            acc.append(time.perf_counter() - t0)
-        if len(tb) >= min(2, repeats) and time.perf_counter() - start > budget_s:
-            break
-    return statistics.median(tb) / max(statistics.median(tc), 1e-12)
-
-
 _Candidate = Callable[[nn.Module, torch.Tensor], tuple[nn.Module, torch.Tensor, Any]]
 
 
 def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate, repeats: int) -> float | None:
     """Forward+backward time of a copy of ``module`` / of a candidate copy (> 1: candidate faster); None on failure."""
     try:
-        base = copy.deepcopy(module).train()
-        cand, xc, ctx = candidate(copy.deepcopy(module).train(), example.detach())
+        base = model_copy(module, train=True)
+        cand, xc, ctx = candidate(model_copy(module, train=True), example.detach())
     except Exception:  # noqa: BLE001 - measurement is best effort
         return None
     x = example.detach()
@@ -650,7 +622,7 @@ def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate,
         return f
 
     try:
-        return _interleaved_ratio(run(base, x, contextlib.nullcontext), run(cand, xc, ctx), repeats, sync=x.is_cuda)
+        return interleaved_ratio(run(base, x, contextlib.nullcontext), run(cand, xc, ctx), repeats, sync=x.is_cuda)
     except Exception:  # noqa: BLE001
         return None
 
@@ -708,6 +680,6 @@ def fused_optimizer_speedup(optimizer: torch.optim.Optimizer, repeats: int = 5) 
     try:
         plain = make(**{k: optimizer.defaults[k] for k in ("foreach",) if k in optimizer.defaults})
         fused = make(fused=True)
-        return _interleaved_ratio(plain.step, fused.step, repeats, sync=params[0].is_cuda)
+        return interleaved_ratio(plain.step, fused.step, repeats, sync=params[0].is_cuda)
     except Exception:  # noqa: BLE001 - no fused kernel for this class/device/dtype
         return None

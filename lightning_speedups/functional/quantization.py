@@ -29,7 +29,7 @@ from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
 from lightning_speedups._structure import register_structure_hook
-from lightning_speedups.benchmarks._common import interleaved_timings, median
+from lightning_speedups.measure import interleaved_timings, median
 
 __all__ = [
     "FakeQuantConfig",

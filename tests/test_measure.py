@@ -1,0 +1,51 @@
+"""The measuring module: interleaving order, warm-up, the time budget, ratios, model copies, machine description."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_speedups import measure
+
+
+def test_interleaved_timings_order_warmup_and_budget() -> None:
+    calls: list[str] = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    times = measure.interleaved_timings(fns, repeats=3, warmup=1)
+    assert calls == ["a", "b"] * 4  # one warm-up round, then A B A B A B
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for v in times.values() for t in v)
+    # a spent budget stops after two timed rounds (never fewer), whatever `repeats` asks for
+    calls.clear()
+    times = measure.interleaved_timings(fns, repeats=50, warmup=0, budget_s=0.0)
+    assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2} and calls == ["a", "b"] * 2
+    assert len(measure.interleaved_timings(fns, repeats=1, warmup=0, budget_s=0.0)["a"]) == 1
+
+
+def test_ratios_and_median() -> None:
+    assert measure.median([3.0, 1.0, 2.0]) == 2.0
+    assert measure.speed_ratio([2.0, 2.0], [1.0, 1.0]) == pytest.approx(2.0)
+    assert measure.speed_ratio([1.0], [0.0]) > 1e6  # no division by zero
+    calls: list[str] = []
+    ratio = measure.interleaved_ratio(lambda: calls.append("base"), lambda: calls.append("cand"), repeats=2)
+    assert ratio > 0 and calls == ["base", "cand"] * 3  # one warm-up pair, two timed pairs
+
+
+def test_model_copy_and_train_step() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.1)).eval()
+    clone = measure.model_copy(model, train=True)
+    assert clone is not model and clone.training and not model.training
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(clone.parameters(), model.parameters()))
+    assert not measure.model_copy(model).training  # None keeps the original's modes
+    before = [p.detach().clone() for p in clone.parameters()]
+    step = measure.make_train_step(clone, torch.randn(8, 4), torch.zeros(8, dtype=torch.long))
+    assert isinstance(step(), float)
+    assert any(not torch.equal(a, b) for a, b in zip(before, clone.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the original is untouched
+
+
+def test_machine_info() -> None:
+    info = measure.machine_info()
+    assert info["cpu"] == measure.cpu_model() and info["torch"] == torch.__version__
+    assert info["torch_threads"] >= 1 and info["device"]
