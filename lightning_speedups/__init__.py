@@ -19,7 +19,7 @@ from lightning_speedups.data import BatchAugment, DeviceDataLoader, compute_mean
 
 # functional (plain PyTorch, no Lightning needed)
 from lightning_speedups.functional.advisor import AdvisorReport, Finding, diagnose
-from lightning_speedups.functional.batch_size import BatchSizeSearchResult, find_batch_size
+from lightning_speedups.functional.batch_size import BatchSizeSearchResult
 from lightning_speedups.functional.channels_last import apply_channels_last
 from lightning_speedups.functional.compile import compile_model, uncompile_model
 from lightning_speedups.functional.finetuning import (
@@ -67,6 +67,9 @@ from lightning_speedups.settings import (
     trainer_settings,
 )
 
+# tuner (searches that drive a callback, then stop)
+from lightning_speedups.tuner import find_batch_size
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -101,7 +104,6 @@ __all__ = [
     "apply_channels_last",
     "compile_model",
     "diagnose",
-    "find_batch_size",
     "find_head",
     "freeze",
     "layer_groups",
@@ -136,6 +138,8 @@ __all__ = [
     "fast_train",
     "get_recipe",
     "list_recipes",
+    # tuner
+    "find_batch_size",
     # settings
     "TrainerSettings",
     "cpu_bf16_is_fast",

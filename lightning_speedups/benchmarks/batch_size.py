@@ -17,8 +17,8 @@ import torch
 
 from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
-from lightning_speedups.functional.batch_size import find_batch_size
 from lightning_speedups.measure import interleaved_timings, median
+from lightning_speedups.tuner import find_batch_size
 
 __all__ = ["run"]
 

@@ -29,7 +29,6 @@ from lightning_speedups.functional.batch_size import (
     BatchSizeTrial,
     MemoryMeter,
     batch_size_ladder,
-    find_batch_size,
     scale_lr_factor,
     search_batch_size,
     snapshot_training_state,
@@ -92,6 +91,8 @@ class ThroughputBatchSizeFinder(Callback):
         rerun_at_epochs: epochs at whose start to search again (the first search always runs at fit start).
         progress_bar: show a tqdm bar on rank 0 when the trainer shows one.
         verbose: log the trial table (rank 0).
+        exit_after_search: end ``fit`` right after the first search, without training (what
+            :func:`lightning_speedups.tuner.find_batch_size` uses; Lightning's ``Tuner`` does the same).
 
     Example::
 
@@ -127,6 +128,7 @@ class ThroughputBatchSizeFinder(Callback):
         rerun_at_epochs: Sequence[int] = (),
         progress_bar: bool = True,
         verbose: bool = True,
+        exit_after_search: bool = False,
     ) -> None:
         self.config = BatchSizeSearchConfig(
             mode=mode, init_val=init_val, max_val=max_val, steps_per_trial=steps_per_trial,
@@ -152,6 +154,10 @@ class ThroughputBatchSizeFinder(Callback):
         epochs = list(rerun_at_epochs)
         if any(not isinstance(e, int) or isinstance(e, bool) or e < 0 for e in epochs):
             raise SpeedupConfigError(f"`rerun_at_epochs`={epochs!r} is invalid. Allowed values: integers >= 0.")
+        if not isinstance(exit_after_search, bool):
+            raise SpeedupConfigError(
+                f"`exit_after_search`={exit_after_search!r} is invalid. Allowed values: True or False."
+            )
         self.keep_global_batch = keep_global_batch
         self.attr_name = attr_name
         self.rerun_at_epochs = tuple(epochs)
@@ -159,7 +165,7 @@ class ThroughputBatchSizeFinder(Callback):
         self.result: BatchSizeSearchResult | None = None
         self.history: list[BatchSizeSearchResult] = []
         self._restored = False
-        self._exit_after_search = False
+        self.exit_after_search = exit_after_search
         self._fit_loader: DataLoader | None = None
         self._trials_run = 0
 
@@ -283,7 +289,7 @@ class ThroughputBatchSizeFinder(Callback):
             self._apply(trainer, pl_module, self.result, fresh=False)
             return
         self.search(trainer, pl_module)
-        if self._exit_after_search:
+        if self.exit_after_search:
             raise _TunerExitException()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -537,7 +543,7 @@ register_technique(
     TechniqueInfo(
         name="batch_size_finder",
         callback=ThroughputBatchSizeFinder,
-        functional=find_batch_size,
+        functional=search_batch_size,
         summary="Pick the batch size with the highest measured samples/s (stops at the plateau, not at OOM).",
         mission_tip="7: batch size",
         bench="lightning_speedups.benchmarks.batch_size:run",

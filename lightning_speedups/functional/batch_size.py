@@ -2,8 +2,9 @@
 
 The search itself knows nothing about Lightning: :func:`search_batch_size` walks a ladder of batch sizes, asks a
 ``measure(batch_size)`` callable for one :class:`BatchSizeTrial` per size, and stops on a throughput plateau, an
-out-of-memory error, the memory budget or the end of the ladder. :func:`find_batch_size` runs it on a Lightning
-``Trainer`` (through :class:`~lightning_speedups.callbacks.batch_size.ThroughputBatchSizeFinder`).
+out-of-memory error, the memory budget or the end of the ladder. The
+:class:`~lightning_speedups.callbacks.batch_size.ThroughputBatchSizeFinder` callback runs it on a live Trainer, and
+:func:`lightning_speedups.tuner.find_batch_size` (one layer up) runs that callback for a search without training.
 """
 
 from __future__ import annotations
@@ -16,15 +17,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
-
-if TYPE_CHECKING:
-    import lightning as L
 
 __all__ = [
     "BatchSizeSearchConfig",
@@ -32,7 +30,6 @@ __all__ = [
     "BatchSizeSearchResult",
     "search_batch_size",
     "batch_size_ladder",
-    "find_batch_size",
     "MemoryMeter",
     "snapshot_training_state",
 ]
@@ -484,42 +481,3 @@ def scale_lr_factor(batch_size: int, base_batch_size: int, rule: str | None) -> 
     ratio = batch_size / base_batch_size
     return ratio if rule == "linear" else math.sqrt(ratio)
 
-
-def find_batch_size(
-    trainer: L.Trainer,
-    model: L.LightningModule,
-    datamodule: L.LightningDataModule | None = None,
-    train_dataloaders: Any = None,
-    **kwargs: Any,
-) -> BatchSizeSearchResult:
-    """Search the batch size on ``trainer`` without training, set it on the model/datamodule and return the result.
-
-    Runs ``trainer.fit`` with a :class:`~lightning_speedups.callbacks.batch_size.ThroughputBatchSizeFinder` that
-    exits right after the search (like Lightning's ``Tuner``); weights, optimizer and RNG are left as they were.
-    ``kwargs`` go to the callback (``mode``, ``init_val``, ``max_val``, ``scale_lr``, ...).
-
-    Example::
-
-        >>> import lightning as L
-        >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
-        >>> trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
-        ...                     enable_model_summary=False, enable_checkpointing=False)
-        >>> dm = DigitsDataModule(batch_size=32)
-        >>> result = find_batch_size(trainer, DemoClassifier(width=8), dm, init_val=16, max_val=32,
-        ...                          steps_per_trial=1, warmup_steps=0, verbose=False)
-        >>> dm.batch_size == result.chosen
-        True
-    """
-    from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
-
-    finder = ThroughputBatchSizeFinder(**kwargs)
-    finder._exit_after_search = True
-    saved = trainer.callbacks
-    trainer.callbacks = [finder] + [c for c in saved if not isinstance(c, ThroughputBatchSizeFinder)]
-    try:
-        trainer.fit(model, train_dataloaders=train_dataloaders, datamodule=datamodule)
-    finally:
-        trainer.callbacks = saved
-    if finder.result is None:
-        raise RuntimeError("The batch-size search did not run (is `fast_dev_run` set or `limit_train_batches=0`?).")
-    return finder.result

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
-from lightning_speedups.functional.batch_size import find_batch_size
+from lightning_speedups.tuner import find_batch_size
 from tests.helpers import quiet_trainer
 
 
@@ -75,6 +75,8 @@ def test_batch_size_misconfiguration():
         ThroughputBatchSizeFinder(attr_name="batch size")
     with pytest.raises(SpeedupConfigError, match=r"`rerun_at_epochs`=\[-1\] is invalid"):
         ThroughputBatchSizeFinder(rerun_at_epochs=[-1])
+    with pytest.raises(SpeedupConfigError, match="`exit_after_search`='yes' is invalid. Allowed values: True or False"):
+        ThroughputBatchSizeFinder(exit_after_search="yes")
 
     def fit(cb: Callback, dm: Any = None, loader: Any = None, **kw: Any) -> None:
         trainer = quiet_trainer(max_steps=1, callbacks=[cb] + kw.pop("extra", []), **kw)

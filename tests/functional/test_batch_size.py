@@ -1,8 +1,7 @@
-"""Batch-size search policy, memory meter, state snapshot and the functional ``find_batch_size``."""
+"""Batch-size search policy, memory meter and state snapshot (``find_batch_size`` is in tests/test_tuner.py)."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -10,19 +9,17 @@ import pytest
 import torch
 
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+from lightning_speedups.demo import DemoClassifier
 from lightning_speedups.functional.batch_size import (
     BatchSizeSearchConfig,
     BatchSizeSearchResult,
     BatchSizeTrial,
     MemoryMeter,
     batch_size_ladder,
-    find_batch_size,
     scale_lr_factor,
     search_batch_size,
     snapshot_training_state,
 )
-from tests.helpers import quiet_trainer
 
 
 def fake(sps: dict[int, float] | None = None, oom_from: int | None = None, mem_per_sample: int = 0):
@@ -192,17 +189,3 @@ def test_snapshot_restores_bitwise_also_on_error():
     with snapshot_training_state(model):
         torch.rand(3)
     assert torch.equal(torch.get_rng_state(), state)
-
-
-def test_find_batch_size_functional():
-    dm = DigitsDataModule(batch_size=32)
-    model = DemoClassifier(width=8)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = quiet_trainer(max_epochs=1)
-    result = find_batch_size(trainer, model, dm, mode="max_fit", init_val=16, max_val=64, steps_per_trial=1,
-                             warmup_steps=0, verbose=False)
-    assert result.chosen == 64 and [t.batch_size for t in result.trials] == [16, 32, 64]
-    assert all(t.samples_per_s > 0 and t.peak_memory > 0 for t in result.trials)
-    assert dm.batch_size == 64 and dm.hparams.batch_size == 64
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert trainer.global_step == 0 and os.listdir(".") == []
