@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -30,23 +30,29 @@ from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.functional._layer_groups import (
+    HEAD_NAMES,
+    POOLER_NAMES,
+    backbone_roots,
+    find_head,
+    head_modules,
+    layer_groups,
+    resolve_module_names,
+)
 
 __all__ = [
     "HEAD_NAMES",
+    "POOLER_NAMES",
     "freeze",
     "unfreeze",
     "find_head",
+    "head_modules",
     "backbone_roots",
     "layer_groups",
     "replace_head",
     "load_pretrained",
     "resolve_module_names",
 ]
-
-#: attribute names of classifier heads in torchvision (resnet ``fc``; vgg/mobilenet/efficientnet/convnext
-#: ``classifier``; vit ``heads``; swin ``head``), checked in this order at the shallowest depth first.
-HEAD_NAMES: tuple[str, ...] = ("fc", "classifier", "heads", "head")
-
 
 def _is_norm_with_stats(module: nn.Module) -> bool:
     # BatchNorm (and InstanceNorm with running stats): the layers whose statistics a frozen backbone must keep
@@ -121,144 +127,6 @@ def unfreeze(module: nn.Module, train: bool | None = None) -> dict[str, int]:
         if _is_norm_with_stats(sub):
             sub.train(train)
     return {"params": params, "numel": numel}
-
-
-def _has_params(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
-
-
-def find_head(model: nn.Module, names: Sequence[str] = HEAD_NAMES) -> str:
-    """Dotted name of the classifier head: the shallowest submodule named like a torchvision head (``fc``, ...).
-
-    Args:
-        model: the network (a torchvision model, a LightningModule holding one, ...).
-        names: attribute names to look for, in priority order.
-
-    Returns:
-        The head's module name, e.g. ``"fc"`` for a torchvision ResNet or ``"model.fc"`` when it sits one level down.
-
-    Raises:
-        SpeedupConfigError: no submodule with parameters has one of ``names``.
-
-    Example::
-
-        >>> find_head(nn.Sequential())  # doctest: +IGNORE_EXCEPTION_DETAIL
-        Traceback (most recent call last):
-        SpeedupConfigError: ...
-        >>> from torchvision.models import resnet18
-        >>> find_head(resnet18())
-        'fc'
-    """
-    level: list[tuple[str, nn.Module]] = [("", model)]
-    while level:
-        found: dict[str, str] = {}
-        nxt: list[tuple[str, nn.Module]] = []
-        for prefix, mod in level:
-            for child_name, child in mod.named_children():
-                full = f"{prefix}.{child_name}" if prefix else child_name
-                if child_name in names and child_name not in found and _has_params(child):
-                    found[child_name] = full
-                nxt.append((full, child))
-        for name in names:
-            if name in found:
-                return found[name]
-        level = nxt
-    raise SpeedupConfigError(
-        f"Could not find the classifier head of {type(model).__name__}: no submodule with parameters is named one of "
-        f"{', '.join(map(repr, names))}. HINT: pass `backbone=` (an attribute name, a list of module names or a "
-        "callable) to say what to freeze."
-    )
-
-
-def resolve_module_names(model: nn.Module, names: Iterable[str], arg: str = "module names") -> list[str]:
-    """Check that every name is a submodule of ``model``; unknown names raise and list close matches."""
-    known = dict(model.named_modules())
-    out = []
-    for name in names:
-        if not isinstance(name, str) or name not in known or name == "":
-            candidates = [n for n in known if n]
-            close = difflib.get_close_matches(str(name), candidates, n=5, cutoff=0.5)
-            top = [n for n, _ in model.named_children()]
-            msg = f"`{arg}` names {name!r}, which is not a submodule of {type(model).__name__}."
-            msg += f" Close matches: {', '.join(map(repr, close))}." if close else ""
-            msg += f" Top-level modules: {', '.join(map(repr, top))}."
-            raise SpeedupConfigError(msg)
-        out.append(name)
-    return out
-
-
-def _under(name: str, prefix: str) -> bool:
-    return prefix == "" or name == prefix or name.startswith(prefix + ".")
-
-
-def backbone_roots(model: nn.Module, head: str | Sequence[str] | None = None) -> list[str]:
-    """The largest submodules that hold no head parameter, in registration order: the default backbone.
-
-    Args:
-        model: the network.
-        head: the head's module name(s); ``None`` finds it with :func:`find_head`.
-
-    Returns:
-        Module names; for a torchvision ResNet ``['conv1', 'bn1', 'layer1', 'layer2', 'layer3', 'layer4']``.
-    """
-    heads = [find_head(model)] if head is None else ([head] if isinstance(head, str) else list(head))
-    resolve_module_names(model, heads, "head")
-    roots: list[str] = []
-
-    def walk(prefix: str, mod: nn.Module) -> None:
-        for child_name, child in mod.named_children():
-            full = f"{prefix}.{child_name}" if prefix else child_name
-            if any(_under(full, h) for h in heads) or not _has_params(child):
-                continue
-            if any(_under(h, full) for h in heads):
-                walk(full, child)
-            else:
-                roots.append(full)
-
-    walk("", model)
-    return roots
-
-
-def layer_groups(model: nn.Module, backbone: Sequence[str] | None = None) -> list[list[str]]:
-    """Split the backbone into layer groups for gradual unfreezing, ordered from the input to the head.
-
-    Rules: start from the backbone's modules (:func:`backbone_roots` by default); while there is a single one, use its
-    children instead; each container (a ResNet stage, a conv block) is a group; a parameterised leaf starts a group and
-    the norm layers right after it join that group (a ResNet stem ``conv1`` + ``bn1``). Parameters that sit directly on
-    a container (a ViT's ``class_token``) are not in any group; callers add them to the first (deepest) one.
-
-    Args:
-        model: the network.
-        backbone: the backbone's module names; ``None`` = everything but the head.
-
-    Returns:
-        A list of groups, each a list of module names; ``groups[-1]`` is the one next to the head.
-
-    Example::
-
-        >>> from torchvision.models import resnet18
-        >>> layer_groups(resnet18())
-        [['conv1', 'bn1'], ['layer1'], ['layer2'], ['layer3'], ['layer4']]
-    """
-    modules = dict(model.named_modules())
-    roots = backbone_roots(model) if backbone is None else resolve_module_names(model, backbone, "backbone")
-    roots = [r for r in roots if _has_params(modules[r])]
-    while len(roots) == 1:
-        children = [f"{roots[0]}.{n}" for n, c in modules[roots[0]].named_children() if _has_params(c)]
-        if not children:
-            break
-        roots = children
-    groups: list[list[str]] = []
-    prev_leaf = False
-    for name in roots:
-        mod = modules[name]
-        is_leaf = next(mod.children(), None) is None
-        if is_leaf and isinstance(mod, (_NormBase, nn.LayerNorm, nn.GroupNorm)) and prev_leaf and groups:
-            groups[-1].append(name)  # a norm layer belongs with the conv / linear it normalises
-        else:
-            groups.append([name])
-        prev_leaf = is_leaf
-    return groups
 
 
 def _head_layer(model: nn.Module, head: str | None = None) -> tuple[str, nn.Module]:
