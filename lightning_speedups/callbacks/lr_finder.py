@@ -10,15 +10,10 @@ from lightning.pytorch.callbacks import LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr
 
+from lightning_speedups._compat import undo_lr_find_debias
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.optim.lr_finder import (
-    LRFinderResult,
-    _fix_lightning_debias,
-    apply_lr,
-    check_range_test_args,
-    suggest_lr,
-)
+from lightning_speedups.optim.lr_finder import LRFinderResult, apply_lr, check_range_test_args, suggest_lr
 
 __all__ = ["LRFinder"]
 
@@ -91,7 +86,7 @@ class LRFinder(LearningRateFinder):
         if finder is None or not finder.results:  # fast_dev_run: Lightning skips the test
             return
         self.result = LRFinderResult.from_curve(
-            finder.results["lr"], _fix_lightning_debias(finder.results["loss"]), self.rule
+            finder.results["lr"], undo_lr_find_debias(finder.results["loss"]), self.rule
         )
         where = apply_lr(pl_module, self.result.lr)
         # the optimizer and scheduler were built with the old lr: rebuild them (no step has run yet)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,24 @@ def scale_lr(lr: float, batch_size: int, base_batch_size: int, rule: str | None)
         return lr
     k = batch_size / base_batch_size
     return lr * k if rule == "linear" else lr * math.sqrt(k)
+
+
+# The registries sit one level up (optimizers.py / schedulers.py import this module, never the reverse). Each installs
+# its check of names and per-entry fields here when imported, so a config naming an unknown optimizer still fails at
+# construction, before any Trainer exists (e.g. while LightningCLI parses YAML); the factories run the same checks.
+_REGISTRY_CHECKS: dict[type, Callable[[Any], Any]] = {}
+
+
+def set_registry_check(config_cls: type, check: Callable[[Any], Any]) -> None:
+    """Install ``check(config)``, run at the end of every ``config_cls.__post_init__`` (by the registry modules)."""
+    _REGISTRY_CHECKS[config_cls] = check
+
+
+def _registry_check(config: Any) -> None:
+    for cls in type(config).__mro__:
+        if cls in _REGISTRY_CHECKS:
+            _REGISTRY_CHECKS[cls](config)
+            return
 
 
 def _check_pos_int(name: str, value: Any, hint: str | None = None) -> None:
@@ -105,36 +123,17 @@ class OptimizerConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from lightning_speedups.optim.optimizers import get_optimizer_info
-
-        info = get_optimizer_info(self.name)
         check_range("lr", self.lr, 0, None, low_inclusive=False, hint="learning rates must be > 0.")
         check_range("weight_decay", self.weight_decay, 0, None)
         if self.momentum is not None:
-            if not info.momentum:
-                raise SpeedupConfigError(
-                    f"`momentum`={self.momentum!r} is not an argument of optimizer {self.name!r}. "
-                    "HINT: Adam-type optimizers take `betas=(beta1, beta2)` instead of momentum."
-                )
             check_range("momentum", self.momentum, 0, 1, high_inclusive=False)
         if self.betas is not None:
-            if not info.betas:
-                raise SpeedupConfigError(
-                    f"`betas`={self.betas!r} is not an argument of optimizer {self.name!r}. "
-                    "HINT: SGD and RMSprop take `momentum` instead."
-                )
             betas = tuple(self.betas)
             if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
                 raise SpeedupConfigError(
                     f"`betas`={self.betas!r} is out of range. Allowed values: two numbers in [0, 1), e.g. (0.9, 0.999)."
                 )
             self.betas = (float(betas[0]), float(betas[1]))
-        if self.nesterov:
-            if not info.nesterov:
-                raise SpeedupConfigError(f"`nesterov`=True is only supported by 'sgd', not {self.name!r}.")
-            momentum = self.momentum if self.momentum is not None else info.defaults.get("momentum", 0.0)
-            if not momentum:
-                raise SpeedupConfigError("`nesterov`=True needs `momentum` > 0. HINT: e.g. momentum=0.9.")
         if self.eps is not None:
             check_range("eps", self.eps, 0, None, low_inclusive=False)
         if not isinstance(self.lr_multipliers, Mapping):
@@ -164,6 +163,7 @@ class OptimizerConfig:
         if not isinstance(self.kwargs, Mapping):
             raise SpeedupConfigError(f"`kwargs`={self.kwargs!r} must be a dict of optimizer keyword arguments.")
         self.kwargs = dict(self.kwargs)
+        _registry_check(self)  # name and per-optimizer fields (momentum / betas / nesterov), from the registry
 
 
 @dataclass
@@ -219,16 +219,8 @@ class SchedulerConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from lightning_speedups.optim.schedulers import get_scheduler_info
-
-        info = get_scheduler_info(self.name)
         check_choice("interval", self.interval, (*INTERVALS, None))
         _check_pos_int("frequency", self.frequency)
-        if info.needs_monitor and not self.monitor:
-            raise SpeedupConfigError(
-                f"Scheduler {self.name!r} needs `monitor` (the metric it watches). "
-                "HINT: e.g. SchedulerConfig('plateau', monitor='val_loss') and log that metric."
-            )
         check_choice("mode", self.mode, ("min", "max"))
         w = self.warmup
         if isinstance(w, float) and w >= 1 and w.is_integer():
@@ -266,6 +258,7 @@ class SchedulerConfig:
         if not isinstance(self.kwargs, Mapping):
             raise SpeedupConfigError(f"`kwargs`={self.kwargs!r} must be a dict of scheduler keyword arguments.")
         self.kwargs = dict(self.kwargs)
+        _registry_check(self)  # name and what the entry needs (e.g. `monitor` for plateau), from the registry
 
     def warmup_steps(self, total: int | None) -> int:
         """The warm-up length in intervals, resolving a fraction against ``total``."""

@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.optim._fused_momentum import guard_fused_momentum
-from lightning_speedups.optim.config import OptimizerConfig, as_optimizer_config, scale_lr
+from lightning_speedups.optim.config import OptimizerConfig, as_optimizer_config, scale_lr, set_registry_check
 
 __all__ = [
     "OptimizerInfo",
@@ -28,6 +27,7 @@ __all__ = [
     "create_optimizer",
     "build_param_groups",
     "choose_implementation",
+    "check_optimizer_config",
 ]
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -99,6 +99,39 @@ def get_optimizer_info(name: str) -> OptimizerInfo:
         )
     return _OPTIMIZERS[name]
 
+
+def check_optimizer_config(config: OptimizerConfig) -> OptimizerInfo:
+    """Check ``config`` against the registry: a registered name, and only the fields its optimizer takes.
+
+    Runs at the end of ``OptimizerConfig.__post_init__`` and again in :func:`create_optimizer`.
+
+    Returns:
+        The registry entry of ``config.name``.
+
+    Raises:
+        SpeedupConfigError: unknown name, or ``momentum`` / ``betas`` / ``nesterov`` the optimizer does not take.
+    """
+    info = get_optimizer_info(config.name)
+    if config.momentum is not None and not info.momentum:
+        raise SpeedupConfigError(
+            f"`momentum`={config.momentum!r} is not an argument of optimizer {config.name!r}. "
+            "HINT: Adam-type optimizers take `betas=(beta1, beta2)` instead of momentum."
+        )
+    if config.betas is not None and not info.betas:
+        raise SpeedupConfigError(
+            f"`betas`={config.betas!r} is not an argument of optimizer {config.name!r}. "
+            "HINT: SGD and RMSprop take `momentum` instead."
+        )
+    if config.nesterov:
+        if not info.nesterov:
+            raise SpeedupConfigError(f"`nesterov`=True is only supported by 'sgd', not {config.name!r}.")
+        momentum = config.momentum if config.momentum is not None else info.defaults.get("momentum", 0.0)
+        if not momentum:
+            raise SpeedupConfigError("`nesterov`=True needs `momentum` > 0. HINT: e.g. momentum=0.9.")
+    return info
+
+
+set_registry_check(OptimizerConfig, check_optimizer_config)
 
 register_optimizer(
     OptimizerInfo("sgd", torch.optim.SGD, {"momentum": 0.9}, momentum=True, nesterov=True, summary="SGD + momentum")
@@ -258,7 +291,7 @@ def create_optimizer(
          ('default/no_decay', 0.1, 0.0), ('default', 0.1, 0.0001)]
     """
     cfg = as_optimizer_config(config)
-    info = get_optimizer_info(cfg.name)
+    info = check_optimizer_config(cfg)
     lr = cfg.lr
     if cfg.lr_scaling is not None:
         if batch_size is None:
@@ -283,7 +316,6 @@ def create_optimizer(
             choose_implementation(info, [p for g in groups for p in g["params"]], cfg.implementation, avoid_fused)
         )
     try:
-        optimizer = info.factory(groups, lr=lr, **kwargs)
+        return info.factory(groups, lr=lr, **kwargs)
     except (TypeError, ValueError) as err:
         raise SpeedupConfigError(f"Optimizer {cfg.name!r} rejected its arguments {kwargs}: {err}") from err
-    return guard_fused_momentum(optimizer)  # fused SGD: params that start stepping later (unfrozen) get a buffer

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -18,9 +18,19 @@ from lightning_speedups.optim.schedulers import create_scheduler, get_scheduler_
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from lightning_speedups.optim.lr_finder import LRFinderResult
-
 __all__ = ["simulate_lr_schedule", "plot_lr_schedule", "plot_lr_finder"]
+
+
+class LRCurve(Protocol):
+    """What :func:`plot_lr_finder` reads: an ``LRFinderResult`` (``optim/lr_curve.py``) or anything with its fields.
+
+    A protocol rather than an import, so the result's ``plot()`` can call this module without a circle.
+    """
+
+    lrs: list[float]
+    losses: list[float]
+    rule: str
+    suggestions: dict[str, float]
 
 
 def simulate_lr_schedule(
@@ -121,7 +131,7 @@ def plot_lr_schedule(
     return fig
 
 
-def plot_lr_finder(result: LRFinderResult, path: str | os.PathLike[str] | None = None, ax: Any = None) -> Figure:
+def plot_lr_finder(result: LRCurve, path: str | os.PathLike[str] | None = None, ax: Any = None) -> Figure:
     """Plot an LR range test (loss vs lr, log x) with every rule's suggestion; the chosen one is solid."""
     fig, ax = _figure(ax)
     ax.plot(result.lrs, result.losses, color="black", lw=1.2)

@@ -11,7 +11,7 @@ import torch
 from torch.optim import lr_scheduler as tls
 
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.optim.config import SchedulerConfig, as_scheduler_config
+from lightning_speedups.optim.config import SchedulerConfig, as_scheduler_config, set_registry_check
 
 if TYPE_CHECKING:
     import lightning as L
@@ -21,6 +21,7 @@ __all__ = [
     "register_scheduler",
     "list_schedulers",
     "get_scheduler_info",
+    "check_scheduler_config",
     "create_scheduler",
     "lightning_scheduler_config",
     "resolve_total",
@@ -90,6 +91,29 @@ def get_scheduler_info(name: str) -> SchedulerInfo:
             " HINT: add your own with register_scheduler(SchedulerInfo(...))."
         )
     return _SCHEDULERS[name]
+
+
+def check_scheduler_config(config: SchedulerConfig) -> SchedulerInfo:
+    """Check ``config`` against the registry: a registered name, and what the entry needs (``monitor``).
+
+    Runs at the end of ``SchedulerConfig.__post_init__`` and again in :func:`create_scheduler`.
+
+    Returns:
+        The registry entry of ``config.name``.
+
+    Raises:
+        SpeedupConfigError: unknown name, or no ``monitor`` for an entry that watches a metric.
+    """
+    info = get_scheduler_info(config.name)
+    if info.needs_monitor and not config.monitor:
+        raise SpeedupConfigError(
+            f"Scheduler {config.name!r} needs `monitor` (the metric it watches). "
+            "HINT: e.g. SchedulerConfig('plateau', monitor='val_loss') and log that metric."
+        )
+    return info
+
+
+set_registry_check(SchedulerConfig, check_scheduler_config)
 
 
 class _Warmup:
@@ -266,7 +290,7 @@ def create_scheduler(
     cfg = as_scheduler_config(config)
     if cfg is None:
         return None
-    info = get_scheduler_info(cfg.name)
+    info = check_scheduler_config(cfg)
     for name in info.required:
         if getattr(cfg, name) is None:
             raise SpeedupConfigError(f"Scheduler {cfg.name!r} needs `{name}`.")
