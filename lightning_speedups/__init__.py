@@ -2,6 +2,7 @@
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, get_technique, list_techniques, register_technique
+from lightning_speedups._structure import load_checkpoint
 
 # callbacks (importing them registers their techniques)
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
@@ -75,6 +76,8 @@ __version__ = "0.1.0"
 __all__ = [
     # errors
     "SpeedupConfigError",
+    # reload any checkpoint of a modified model (pruned, quantized) into a fresh one
+    "load_checkpoint",
     # technique registry
     "TechniqueInfo",
     "get_technique",

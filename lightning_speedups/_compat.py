@@ -7,7 +7,9 @@ instead of deep inside a callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = ["before_model_weights_load"]
@@ -36,6 +38,129 @@ def before_model_weights_load(strategy: Any, key: str, fn: Callable[[Mapping[str
         strategy.__dict__[_HOOKS_ATTR] = hooks
         strategy.load_model_state_dict = load_model_state_dict
     hooks[key] = fn
+
+
+def fit_train_dataloader(trainer: Any) -> Any:
+    """The training dataloader(s) of the running ``fit``, available from ``setup()`` on, or ``None``.
+
+    Relies on: ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``, 2.0 - 2.6) with ``is_defined()`` and
+    ``dataloader()``; the latter calls ``train_dataloader()`` of the datamodule or module, or returns the loaders
+    passed to ``fit``. ``trainer.train_dataloader`` itself is set only once the fit loop starts, after ``setup``.
+    """
+    source = getattr(trainer.fit_loop, "_data_source", None)
+    if source is None or not source.is_defined():
+        return None
+    return source.dataloader()
+
+
+def spawn_drop_returned_weights(trainer: Any) -> bool:
+    """Under a spawn launcher, stop rank 0 from handing its weights back to the main process; True if done.
+
+    Relies on: ``lightning.pytorch.strategies.launchers.multiprocessing._MultiProcessingLauncher`` and its
+    ``_collect_rank_zero_results(trainer, results) -> _WorkerOutput | None`` whose ``weights_path`` the main process
+    loads non-strictly (2.0 - 2.6). A structurally pruned model cannot be loaded into the main process's unpruned
+    model (shapes differ even non-strictly), so the weights file is removed and the path cleared.
+    """
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if not isinstance(launcher, _MultiProcessingLauncher):
+        return False
+    collect = launcher._collect_rank_zero_results
+
+    def without_weights(trainer: Any, results: Any) -> Any:
+        out = collect(trainer, results)
+        if out is not None and out.weights_path is not None:
+            trainer.strategy.checkpoint_io.remove_checkpoint(out.weights_path)
+            out = out._replace(weights_path=None)
+        return out
+
+    launcher._collect_rank_zero_results = without_weights
+    return True
+
+
+def is_spawn_launcher(trainer: Any) -> bool:
+    """True when the strategy's launcher spawns worker processes (``ddp_spawn``, ``ddp_notebook``...).
+
+    Relies on: ``_MultiProcessingLauncher`` (2.0 - 2.6), the launcher class of every spawn/fork strategy.
+    """
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    return isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher)
+
+
+# --- torch-pruning ---------------------------------------------------------------------------------------------
+
+
+class GraphBudgetExceeded(RuntimeError):
+    """torch-pruning's dependency analysis grew past the index budget (see :func:`tp_index_budget`)."""
+
+
+@contextlib.contextmanager
+def tp_index_budget(limit: int) -> Iterator[dict[str, int]]:
+    """Raise :class:`GraphBudgetExceeded` once torch-pruning creates more than ``limit`` channel-index records.
+
+    Relies on: ``torch_pruning._helpers._HybridIndex`` (1.4 - 1.6), the namedtuple that the dependency graph
+    creates for every (channel, root channel) pair it propagates through a group. Its count is what grows without
+    bound on models such as Swin (window reshapes multiply the index lists), so it bounds the memory of the analysis
+    (about 64 bytes each) before the machine runs out. The counter is yielded as ``{"count": n}``.
+    """
+    helpers = importlib.import_module("torch_pruning._helpers")
+    original = helpers._HybridIndex
+    counter = {"count": 0}
+
+    class _Counted(original):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            counter["count"] += 1
+            if counter["count"] > limit:
+                raise GraphBudgetExceeded(f"more than {limit:,} channel-index records")
+            return original.__new__(cls, *args, **kwargs)
+
+    helpers._HybridIndex = _Counted
+    try:
+        yield counter
+    finally:
+        helpers._HybridIndex = original
+
+
+@contextlib.contextmanager
+def tp_on_param_slice(callback: Callable[[Any, Any, Sequence[int], int], None]) -> Iterator[None]:
+    """Call ``callback(old_param, new_param, keep_idxs, dim)`` for every parameter torch-pruning slices.
+
+    Relies on: ``torch_pruning.pruner.function.BasePruningFunc._prune_parameter_and_grad(weight, keep_idxs,
+    pruning_dim) -> new Parameter`` (1.4 - 1.6), the one place every pruning function slices a parameter.
+    """
+    base = importlib.import_module("torch_pruning.pruner.function").BasePruningFunc
+    original = base._prune_parameter_and_grad
+
+    def patched(self: Any, weight: Any, keep_idxs: Sequence[int], pruning_dim: int) -> Any:
+        new = original(self, weight, keep_idxs, pruning_dim)
+        callback(weight, new, keep_idxs, pruning_dim)
+        return new
+
+    base._prune_parameter_and_grad = patched
+    try:
+        yield
+    finally:
+        base._prune_parameter_and_grad = original
+
+
+def tp_scope_channels(pruner: Any) -> dict[str, int]:
+    """The pruner's per-scope initial channel counts, which its targets ``initial * (1 - ratio)`` refer to.
+
+    Relies on: ``torch_pruning.pruner.BasePruner._scope_initial_channels`` (1.5 - 1.6), a dict keyed by root layer
+    name (per-layer pruning) or ``"DEFAULT_SCOPE"`` (global pruning), filled in the pruner's constructor. Writing it
+    makes a gradual schedule's targets relative to the dense model instead of compounding per step.
+    """
+    scopes = getattr(pruner, "_scope_initial_channels", None)
+    if not isinstance(scopes, dict):
+        raise RuntimeError(
+            "torch_pruning.BasePruner has no `_scope_initial_channels` dict: this torch-pruning version is not "
+            "supported by gradual structured pruning. HINT: pip install 'torch-pruning>=1.5,<1.7'."
+        )
+    return scopes
 
 
 # --- batch size finder / LR finder ---------------------------------------------------------------------------------

@@ -6,25 +6,50 @@ freshly built model. The hook runs before the strict ``load_state_dict``:
 
 - ``SpeedupMixin.on_load_checkpoint`` calls :func:`apply_structure_records`, so ``MyModel.load_from_checkpoint(path)``
   works for models that use the mixin;
-- callbacks call :func:`apply_structure_records` from ``setup()`` when ``trainer.ckpt_path`` is set, which runs before
-  Lightning restores the weights, so resuming works for any LightningModule;
-- plain modules use the functional loaders (e.g. ``load_pruned``) which read the same records.
+- callbacks register :func:`apply_structure_records` in ``setup()`` to run right before the strategy loads a
+  checkpoint's weights (``_compat.before_model_weights_load``), whatever Lightning's hook order, so resuming works
+  for plain LightningModules too;
+- :func:`load_checkpoint` does the same for any module, Lightning or not (``load_checkpoint(MyModel(), path)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+import os
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["CHECKPOINT_KEY", "register_structure_hook", "apply_structure_records", "store_structure_record"]
+from lightning_speedups._errors import SpeedupConfigError
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "ModuleSnapshot",
+    "apply_structure_records",
+    "load_checkpoint",
+    "register_state_dict_cleaner",
+    "register_structure_hook",
+    "store_structure_record",
+]
 
 CHECKPOINT_KEY = "lightning_speedups"
 # hooks in registration order: order matters when several techniques change one model (prune before quantize)
 _HOOKS: dict[str, Callable[[nn.Module, Any], None]] = {}
 _APPLIED_ATTR = "_lightning_speedups_applied"
+_CLEANERS: list[Callable[[dict[str, Any]], dict[str, Any]]] = []
+
+
+def register_state_dict_cleaner(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Register ``fn(state_dict) -> state_dict`` that :func:`load_checkpoint` applies before loading (e.g. masks)."""
+    if fn not in _CLEANERS:
+        _CLEANERS.append(fn)
+
+
+def _clean_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+    for fn in _CLEANERS:
+        state = fn(state)
+    return state
 
 
 def register_structure_hook(key: str, hook: Callable[[nn.Module, Any], None]) -> None:
@@ -37,7 +62,7 @@ def store_structure_record(checkpoint: MutableMapping[str, Any], key: str, recor
     checkpoint.setdefault(CHECKPOINT_KEY, {})[key] = record
 
 
-def apply_structure_records(module: nn.Module, checkpoint: MutableMapping[str, Any]) -> list[str]:
+def apply_structure_records(module: nn.Module, checkpoint: Mapping[str, Any]) -> list[str]:
     """Re-apply every stored architecture record to ``module``; return the keys that were applied.
 
     Idempotent per module instance: a record applied once (by the mixin or by a callback) is not applied twice.
@@ -59,6 +84,102 @@ def apply_structure_records(module: nn.Module, checkpoint: MutableMapping[str, A
     return applied
 
 
-def load_checkpoint_file(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint file on CPU (``weights_only=False`` since Lightning checkpoints hold plain python objects)."""
-    return torch.load(path, map_location=map_location, weights_only=False)
+class ModuleSnapshot:
+    """Everything an in-place structural change rewrites, so a failed change can be undone exactly.
+
+    Structural changes (torch-pruning, fake-quantizer insertion, structure records) replace tensors and child modules
+    (``module.weight = nn.Parameter(...)``, ``parent.fc = FakeQuantLinear(...)``) and integer attributes
+    (``out_features``) rather than mutating tensors in place, so keeping references to the old objects is enough:
+    :meth:`restore` puts them back (same ``Parameter`` objects, so optimizers and DDP stay valid). Tensors changed in
+    place (``.data =``, ``copy_``) are not covered; no technique here does that.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._saved = [
+            (m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules), m.training)
+            for m in model.modules()
+        ]
+
+    def restore(self) -> None:
+        for module, attrs, params, buffers, modules, training in self._saved:
+            for key in [k for k in module.__dict__ if k not in attrs]:
+                del module.__dict__[key]
+            module.__dict__.update(attrs)
+            for store, saved in ((module._parameters, params), (module._buffers, buffers), (module._modules, modules)):
+                store.clear()
+                store.update(saved)
+            module.training = training
+
+
+def _read_checkpoint(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise SpeedupConfigError(f"`path`={str(path)!r} does not exist. Allowed values: a checkpoint file.") from None
+    except Exception as err:  # unpickling refused (not plain data) or not a torch file at all
+        raise SpeedupConfigError(
+            f"`path`={str(path)!r} is not a checkpoint that loads with `weights_only=True`: {err}. Allowed values: a "
+            "Lightning checkpoint or a file from save_pruned/save_quantized. HINT: checkpoints from this library hold "
+            "only tensors and plain data; one that needs pickled classes is refused on purpose."
+        ) from err
+    if not isinstance(checkpoint, Mapping):
+        raise SpeedupConfigError(
+            f"`path`={str(path)!r} holds a {type(checkpoint).__name__}, not a checkpoint dict. Allowed values: a "
+            "Lightning checkpoint or a file from save_pruned/save_quantized."
+        )
+    return checkpoint
+
+
+def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> nn.Module:
+    """Load a checkpoint into a freshly built ``model``, re-applying the structure it records; return ``model``.
+
+    The one reload for any module, Lightning or not: the records a checkpoint carries (pruned shapes, fake
+    quantizers) are applied first, then the weights load strictly. The file is read with ``weights_only=True`` (it
+    cannot run code). On any error the model is left exactly as it was.
+
+    Args:
+        model: a new instance of the architecture that was trained (the same constructor arguments).
+        path: a Lightning checkpoint (``trainer.save_checkpoint``, ``ModelCheckpoint``) or a file from
+            :func:`~lightning_speedups.save_pruned`; a bare ``state_dict`` file works too.
+        strict: passed to ``load_state_dict``.
+
+    Raises:
+        SpeedupConfigError: missing or unreadable file, a record this version cannot apply, or weights that do not
+            match the model (the message lists the missing and unexpected keys).
+
+    Example::
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.ckpt")
+        >>> torch.save({"state_dict": nn.Linear(2, 1).state_dict()}, path)
+        >>> load_checkpoint(nn.Linear(2, 1), path).out_features
+        1
+    """
+    checkpoint = _read_checkpoint(path)
+    state = checkpoint.get("state_dict", checkpoint)
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpeedupConfigError(
+            f"`path`={str(path)!r} has no `state_dict` of tensors (top-level keys: {sorted(checkpoint)[:8]!r}). "
+            "Allowed values: a Lightning checkpoint, a save_pruned file or a state_dict file."
+        )
+    records = checkpoint.get(CHECKPOINT_KEY) or {}
+    unknown = sorted(set(records) - set(_HOOKS))
+    if unknown:
+        raise SpeedupConfigError(
+            f"`path`={str(path)!r} records structure changes this installation cannot rebuild: {unknown!r}. Allowed "
+            f"values: records of {sorted(_HOOKS)!r}. HINT: import the module that registers them (for example "
+            "`import lightning_speedups`) or upgrade lightning-speedups."
+        )
+    snapshot = ModuleSnapshot(model)
+    try:
+        apply_structure_records(model, checkpoint)
+        result = model.load_state_dict(_clean_state_dict(dict(state)), strict=strict)
+    except Exception as err:
+        snapshot.restore()
+        model.__dict__.pop(_APPLIED_ATTR, None)
+        raise SpeedupConfigError(
+            f"`path`={str(path)!r} does not fit {type(model).__name__}: {err}. The model is unchanged. HINT: build the "
+            "model with the constructor arguments it was trained with."
+        ) from err
+    del result
+    return model

@@ -9,26 +9,35 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_speedups._compat import (
+    before_model_weights_load,
+    fit_train_dataloader,
+    is_spawn_launcher,
+    spawn_drop_returned_weights,
+)
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._inputs import example_from_batch, first_batch
 from lightning_speedups._rebuild import rebuild_optimizers
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups._structure import apply_structure_records, load_checkpoint_file, store_structure_record
+from lightning_speedups._structure import apply_structure_records, store_structure_record
+from lightning_speedups.functional._masks import attach_mask, masked_modules, weight_mask
 from lightning_speedups.functional.pruning import (
     RECORD_KEY,
     STRUCTURED_IMPORTANCES,
     UNSTRUCTURED_IMPORTANCES,
     PruningSummary,
-    _mask_targets,
-    _resolve_layers,
     clean_pruned_state_dict,
     count_macs,
     default_ignored_layers,
     make_pruning_permanent,
+    mask_targets,
     prune_structured,
     prune_unstructured,
     pruned_structure_record,
+    resolve_layers,
     sparsity_report,
 )
 
@@ -59,9 +68,12 @@ class Pruning(L.Callback):
     ``mode="structured"`` (default) removes whole channels with torch-pruning, so every later step is cheaper; after
     each step the optimizer and LR scheduler are rebuilt at the same progress (Adam/SGD state of surviving channels
     is kept) and the model is re-wrapped under DDP. Checkpoints carry the pruned architecture, so
-    ``MyModel.load_from_checkpoint(path)`` works for :class:`~lightning_speedups.optim.SpeedupMixin` models and
-    resuming works for any LightningModule. ``mode="unstructured"`` zeros weights with ``torch.nn.utils.prune`` masks
-    (no speedup on dense kernels); checkpoints hold clean ``weight`` keys and the masks live in the callback state.
+    ``MyModel.load_from_checkpoint(path)`` works for :class:`~lightning_speedups.optim.SpeedupMixin` models,
+    :func:`lightning_speedups.load_checkpoint` for any module, and ``trainer.fit(ckpt_path=...)`` rebuilds the
+    structure right before the weights load. Models with attention have their feed-forward blocks pruned (see
+    :func:`~lightning_speedups.functional.pruning.prune_structured`). ``mode="unstructured"`` zeros weights with
+    parametrized masks (no speedup on dense kernels; correct where a parent reads the weight directly, as attention
+    does); checkpoints hold clean ``weight`` keys and the masks live in the callback state.
 
     Args:
         mode: ``"structured"`` or ``"unstructured"``.
@@ -75,7 +87,8 @@ class Pruning(L.Callback):
         ignored_layers: module names never pruned; ``None`` = the final classifier layer.
         global_pruning: rank channels / weights across layers instead of per layer.
         make_permanent: unstructured only: fold masks into the weights when training ends.
-        example_inputs: input for tracing (structured); default ``pl_module.example_input_array``.
+        example_inputs: input for tracing (structured); default ``pl_module.example_input_array``, else the first
+            two samples of the first training batch.
         round_to: structured only: keep channel counts multiples of this.
 
     Example::
@@ -140,6 +153,7 @@ class Pruning(L.Callback):
         self._masks: dict[str, torch.Tensor] = {}
         self._model: L.LightningModule | None = None
         self._ignored_names: list[str] | None = None
+        self._batch_inputs: Any = None  # example input derived from the first training batch
         self.last_summary: PruningSummary | None = None
 
     @property
@@ -150,8 +164,8 @@ class Pruning(L.Callback):
     def _inputs(self, pl_module: L.LightningModule) -> Any:
         x = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
         if x is None:
-            return None
-        return x.to(pl_module.device) if isinstance(x, torch.Tensor) else x
+            x = self._batch_inputs
+        return None if x is None else move_data_to_device(x, pl_module.device)
 
     def _ignored(self, pl_module: L.LightningModule) -> list[str]:
         if self.ignored_layers is not None:
@@ -160,19 +174,22 @@ class Pruning(L.Callback):
             self._ignored_names = default_ignored_layers(pl_module, self._inputs(pl_module))
         return self._ignored_names
 
+    def _restore_from(self, pl_module: L.LightningModule, checkpoint: Any) -> None:
+        # runs right before the strategy loads the weights: rebuild the pruned shapes so the strict load fits
+        apply_structure_records(pl_module, checkpoint)
+        own = (checkpoint.get("callbacks") or {}).get(self.state_key)
+        if own is not None:
+            self.load_state_dict(own)
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if trainer.ckpt_path:  # resume: rebuild the pruned structure before Lightning loads the weights strictly
-            ckpt = load_checkpoint_file(trainer.ckpt_path)
-            apply_structure_records(pl_module, ckpt)
-            own = (ckpt.get("callbacks") or {}).get(self.state_key)
-            if own is not None:
-                self.load_state_dict(own)
-        ignored = self._ignored(pl_module)
-        ignored_modules = _resolve_layers(pl_module, ignored)  # unknown names raise here, before training
+        before_model_weights_load(trainer.strategy, f"pruning:{self.state_key}",
+                                  lambda ckpt: self._restore_from(pl_module, ckpt))  # fmt: skip
+        ignored = self._ignored(pl_module) if self.ignored_layers is not None else None
         if self.mode == "unstructured":
-            if not _mask_targets(pl_module, ignored_modules):
+            ignored = self._ignored(pl_module)
+            if not mask_targets(pl_module, resolve_layers(pl_module, ignored)):  # unknown names raise here
                 raise SpeedupConfigError(
                     f"`ignored_layers`={ignored!r} leaves no conv/linear layer to prune. Allowed values: a list that "
                     "leaves at least one layer."
@@ -185,24 +202,35 @@ class Pruning(L.Callback):
                 f"`strategy`={type(trainer.strategy).__name__} is not supported by structured pruning. Allowed "
                 "values: single device, 'ddp', 'ddp_spawn'. HINT: prune with prune_structured() before fitting."
             )
+        if ignored is not None:
+            resolve_layers(pl_module, ignored)  # unknown names raise before any tracing
+        if self._inputs(pl_module) is None:
+            self._batch_inputs = self._example_from_data(trainer, pl_module)
         inputs = self._inputs(pl_module)
-        if inputs is None:
-            raise SpeedupConfigError(
-                "`example_inputs`=None and the module has no `example_input_array`. Allowed values: an input batch. "
-                "HINT: Pruning(example_inputs=torch.zeros(1, 3, 32, 32)) or set self.example_input_array."
-            )
-        # validate the whole schedule now (refuses layers that would lose every channel) and note the dense widths
+        # validate the whole schedule now: the final amount is pruned, checked and undone (refuses layers that would
+        # lose every channel and models the pruned shapes would break), and the dense widths are noted
         scorer = self.importance if self.importance != "taylor" else "l1"  # no gradients yet; only shapes matter
-        plan = prune_structured(pl_module, inputs, self.amount, scorer, ignored, self.global_pruning, self.round_to,
-                                dry_run=True, reference_channels=self.channels or None)  # fmt: skip
+        plan = prune_structured(pl_module, inputs, self.amount, scorer, self._ignored(pl_module), self.global_pruning,
+                                self.round_to, dry_run=True, reference_channels=self.channels or None)  # fmt: skip
         if not self.channels:
             self.channels = plan.channels
+
+    def _example_from_data(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        loader = fit_train_dataloader(trainer)
+        batch = first_batch(loader) if loader is not None else None
+        inputs = example_from_batch(pl_module, batch) if batch is not None else None
+        if inputs is None:
+            raise SpeedupConfigError(
+                "`example_inputs`=None, the module has no `example_input_array`, and no part of the first training "
+                f"batch runs through {type(pl_module).__name__}.forward. Allowed values: an input batch. HINT: "
+                "Pruning(example_inputs=torch.zeros(1, 3, 32, 32)) or set self.example_input_array."
+            )
+        return inputs
 
     def state_dict(self) -> dict[str, Any]:
         masks = dict(self._masks)
         if self.mode == "unstructured" and self._model is not None:
-            modules = self._model.named_modules()
-            live = {n: m.weight_mask.bool().clone() for n, m in modules if hasattr(m, "weight_mask")}
+            live = {n: weight_mask(m).bool().clone() for n, m in masked_modules(self._model).items()}
             masks = live or masks  # after make_permanent the last masks are kept for a later resume
         return {"steps_done": self.steps_done, "applied": self.applied, "params_dense": self.params_dense,
                 "channels": dict(self.channels), "masks": masks}  # fmt: skip
@@ -219,12 +247,8 @@ class Pruning(L.Callback):
         if self.params_dense is None:
             self.params_dense = sum(p.numel() for p in pl_module.parameters())
         if self.mode == "unstructured" and self._masks:  # resume: weights are loaded, re-attach the masks
-            from torch.nn.utils import prune as torch_prune
-
             for name, mask in self._masks.items():
-                module = pl_module.get_submodule(name)
-                if not hasattr(module, "weight_mask"):
-                    torch_prune.custom_from_mask(module, "weight", mask.to(module.weight.device))
+                attach_mask(pl_module.get_submodule(name), mask)
 
     # ------------------------------------------------------------------ pruning
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -271,7 +295,7 @@ class Pruning(L.Callback):
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, target: float) -> None:
         total = sparsity_report(pl_module).total  # shared parameters counted once
-        masked = sum(int((m.weight_mask == 0).sum()) for m in pl_module.modules() if hasattr(m, "weight_mask"))
+        masked = sum(int((weight_mask(m) == 0).sum()) for m in masked_modules(pl_module).values())
         dense = self.params_dense or total
         values = {
             "pruning/amount": target,
@@ -287,36 +311,22 @@ class Pruning(L.Callback):
     # ------------------------------------------------------------------ end / checkpoints
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode == "unstructured" and self.make_permanent:
-            self._masks = {
-                n: m.weight_mask.bool().clone() for n, m in pl_module.named_modules() if hasattr(m, "weight_mask")
-            }
+            self._masks = {n: weight_mask(m).bool().clone() for n, m in masked_modules(pl_module).items()}
             make_pruning_permanent(pl_module)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-
-        launcher = getattr(trainer.strategy, "launcher", None)
-        if stage != "fit" or not isinstance(launcher, _MultiProcessingLauncher):
+        if stage != "fit" or not is_spawn_launcher(trainer):
             return
         # ddp_spawn: this process is a worker; the launcher hands rank 0's state_dict to the main process's model
         if self.mode == "unstructured":
             make_pruning_permanent(pl_module)  # clean `weight` keys, or the main process would skip them silently
-        elif self.steps_done > 0 and trainer.global_rank == 0:
-            collect = launcher._collect_rank_zero_results
-
-            def without_weights(trainer: L.Trainer, results: Any) -> Any:
-                out = collect(trainer, results)
-                if out is not None and out.weights_path is not None:
-                    trainer.strategy.checkpoint_io.remove_checkpoint(out.weights_path)
-                    out = out._replace(weights_path=None)
-                return out
-
+        elif self.steps_done > 0 and trainer.global_rank == 0 and spawn_drop_returned_weights(trainer):
             # the main process's unpruned model cannot take pruned shapes (non-strict load still fails on sizes)
-            launcher._collect_rank_zero_results = without_weights  # type: ignore[method-assign]
             rank_zero_warn(
                 "Pruning under a spawn launcher: the model object in the main process keeps its pre-fit weights, "
                 "because it cannot take the pruned shapes. Load the trained model from a checkpoint instead, e.g. "
-                "`MyModel.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)`, or use strategy='ddp'."
+                "`lightning_speedups.load_checkpoint(MyModel(), trainer.checkpoint_callback.best_model_path)`, or "
+                "use strategy='ddp'."
             )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -15,9 +15,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from lightning_speedups._compat import before_model_weights_load
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups._structure import apply_structure_records, load_checkpoint_file, store_structure_record
+from lightning_speedups._structure import apply_structure_records, store_structure_record
 from lightning_speedups.functional.quantization import (
     FLOAT8_RECIPES,
     INFERENCE_BACKENDS,
@@ -43,7 +44,9 @@ class QuantizationAwareTraining(Callback):
     Unlike Lightning 1.x's removed callback, the model is *not* converted at the end unless asked: it stays a float
     model with fake quantizers, so ``trainer.test(ckpt_path="best")``, a second ``fit()`` and
     ``Model.load_from_checkpoint`` (for :class:`SpeedupMixin` models) keep working. Checkpoints carry a structure
-    record; on resume ``setup()`` re-inserts the fake quantizers before the weights load. torchao's fake quantizers
+    record; on resume the fake quantizers are re-inserted right before the weights load. A plain LightningModule's
+    own ``load_from_checkpoint`` cannot know about them: reload it with
+    ``lightning_speedups.load_checkpoint(MyModel(), path)``. torchao's fake quantizers
     are dynamic (scales come from each tensor, like the int8 dynamic kernels), so there are no observers to freeze;
     ``freeze_bn_epoch`` freezes BatchNorm running statistics, the other standard late-QAT step.
 
@@ -112,8 +115,8 @@ class QuantizationAwareTraining(Callback):
                 "the int8 model. HINT: pass a batch with a realistic batch size."
             )
         prepare_qat(pl_module, self.config, dry_run=True)  # raises now if no layer is eligible
-        if trainer.ckpt_path:  # resume: rebuild the fake quantizers before Lightning restores the weights
-            apply_structure_records(pl_module, load_checkpoint_file(trainer.ckpt_path))
+        # resume: rebuild the fake quantizers right before the strategy restores the weights
+        before_model_weights_load(trainer.strategy, "qat", lambda ckpt: apply_structure_records(pl_module, ckpt))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch >= self.start_epoch and qat_record(pl_module) is None:

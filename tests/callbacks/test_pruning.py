@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.pruning import Pruning, pruning_schedule
 from lightning_speedups.demo import DemoClassifier
-from lightning_speedups.functional.pruning import load_pruned
+from lightning_speedups.functional.pruning import load_pruned, masked_modules, weight_mask
 from tests.helpers import quiet_trainer
 
 pytest.importorskip("torch_pruning")
@@ -93,20 +93,20 @@ def test_pruning_fit_gradual_resume_reload(tmp_path):
 def test_pruning_fit_unstructured(tmp_path):
     cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0, end_epoch=1, steps=2, make_permanent=False)
     model, trainer = _fit(cb, max_epochs=2)
-    masked = [m for m in model.modules() if hasattr(m, "weight_mask")]
-    assert len(masked) == 5 and not hasattr(model.head, "weight_mask")  # classifier ignored
-    zeros = sum(int((m.weight_mask == 0).sum()) for m in masked)
-    total = sum(m.weight_mask.numel() for m in masked)
+    masked = list(masked_modules(model).values())
+    assert len(masked) == 5 and weight_mask(model.head) is None  # classifier ignored
+    zeros = sum(int((weight_mask(m) == 0).sum()) for m in masked)
+    total = sum(weight_mask(m).numel() for m in masked)
     assert zeros == round(0.5 * total)  # exact global sparsity
     trainer.save_checkpoint(tmp_path / "u.ckpt")
     ckpt = torch.load(tmp_path / "u.ckpt", weights_only=True)
     assert not [k for k in ckpt["state_dict"] if k.endswith(("_orig", "_mask"))]
     fresh = DemoClassifier.load_from_checkpoint(tmp_path / "u.ckpt")  # strict: clean keys
-    assert int((fresh.backbone[0][0].weight == 0).sum()) == int((masked[0].weight_mask == 0).sum())
+    assert int((fresh.backbone[0][0].weight == 0).sum()) == int((weight_mask(masked[0]) == 0).sum())
 
     permanent = Pruning(mode="unstructured", amount=0.5, start_epoch=0)
     model, _ = _fit(permanent, max_epochs=1)
-    assert not [m for m in model.modules() if hasattr(m, "weight_mask")]  # masks folded in at the end
+    assert not list(masked_modules(model).values())  # masks folded in at the end
     assert float(model.backbone[0][0].weight.eq(0).float().mean()) > 0
 
 
@@ -181,5 +181,18 @@ def test_pruning_misconfiguration(monkeypatch):
         setup_error(Pruning(amount=0.6), DemoClassifier(width=2))
     no_inputs = DemoClassifier(width=8)
     no_inputs.example_input_array = None
-    with pytest.raises(SpeedupConfigError, match="no `example_input_array`"):
-        setup_error(Pruning(), no_inputs)
+    bad_batches = DataLoader(TensorDataset(torch.randn(8, 7)), batch_size=4)  # nothing in it fits the conv net
+    trainer = quiet_trainer(max_steps=1, callbacks=[Pruning()], limit_val_batches=0)
+    with pytest.raises(SpeedupConfigError, match="no `example_input_array`, and no part of the first training batch"):
+        trainer.fit(no_inputs, bad_batches)
+    assert no_inputs.backbone[0][0].out_channels == 8 and trainer.global_step == 0  # refused before any change
+
+
+def test_pruning_example_input_from_first_batch():
+    model = DemoClassifier(width=8)
+    model.example_input_array = None
+    cb = Pruning(amount=0.5)
+    trainer = quiet_trainer(max_steps=1, callbacks=[cb], limit_val_batches=0)
+    trainer.fit(model, _loader(8))
+    assert cb.steps_done == 1 and model.backbone[0][0].out_channels == 4
+    assert cb._batch_inputs.shape == (2, 3, 32, 32)  # two samples of the first batch

@@ -1,0 +1,96 @@
+"""Example inputs for tracing and checks, taken from a training batch when the user gave none."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["LABEL_KEYS", "candidate_inputs", "example_from_batch", "first_batch"]
+
+# keys of a dict batch that are targets, not model inputs (Hugging Face, torchvision detection, common usage)
+LABEL_KEYS = ("labels", "label", "target", "targets", "y")
+
+
+def _head(value: Any, n: int, batch_size: int | None) -> Any:
+    """The first ``n`` samples of every tensor whose first dimension is the batch dimension."""
+    if isinstance(value, torch.Tensor):
+        return value[:n] if value.dim() > 0 and (batch_size is None or value.shape[0] == batch_size) else value
+    if isinstance(value, Mapping):
+        return {k: _head(v, n, batch_size) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_head(v, n, batch_size) for v in value)
+    return value
+
+
+def _batch_size(batch: Any) -> int | None:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else []
+    for v in values:
+        size = _batch_size(v)
+        if size is not None:
+            return size
+    return None
+
+
+def candidate_inputs(batch: Any) -> Iterator[Any]:
+    """Plausible ``forward`` inputs in a batch, most likely first (tensor / tuple of args / dict of kwargs)."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        features = {k: v for k, v in batch.items() if k not in LABEL_KEYS}
+        yield features  # model(**features): Hugging Face style
+        if len(features) != len(batch):
+            yield dict(batch)
+        yield tuple(features.values())  # model(input_ids, attention_mask)
+        yield (dict(batch),)  # model(batch)
+    elif isinstance(batch, (tuple, list)) and batch:
+        yield batch[0]  # (x, y): model(x)
+        yield tuple(batch)  # model(x, y), e.g. Lightning's demo transformer
+        yield (batch,)
+
+
+def _runs(model: nn.Module, inputs: Any) -> bool:
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            if isinstance(inputs, dict):
+                model(**inputs)
+            elif isinstance(inputs, tuple):
+                model(*inputs)
+            else:
+                model(inputs)
+        return True
+    except Exception:
+        return False
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def example_from_batch(model: nn.Module, batch: Any, n: int = 2) -> Any:
+    """The first ``n`` samples of ``batch`` in the form ``model``'s forward accepts, or ``None``.
+
+    Each candidate (see :func:`candidate_inputs`) is tried with one no-grad eval-mode forward; BatchNorm statistics
+    and the train/eval flags are left as they were.
+
+    Example::
+
+        >>> example_from_batch(nn.Linear(3, 1), (torch.zeros(8, 3), torch.zeros(8))).shape
+        torch.Size([2, 3])
+    """
+    small = _head(batch, n, _batch_size(batch))
+    for candidate in candidate_inputs(small):
+        if _runs(model, candidate):
+            return candidate
+    return None
+
+
+def first_batch(dataloader: Any) -> Any:
+    """The first batch of ``dataloader``, with the global torch RNG left as it was (shuffling draws from it)."""
+    with torch.random.fork_rng(devices=[]):
+        return next(iter(dataloader))
