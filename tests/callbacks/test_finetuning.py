@@ -18,6 +18,8 @@ from lightning_speedups.callbacks.finetuning import FineTuneFreezing
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule
 from lightning_speedups.demo.data import DIGITS_MEAN, DIGITS_STD
 from lightning_speedups.functional.finetuning import replace_head
+from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, SpeedupMixin
+from tests.functional.test_finetuning import FAMILIES
 from tests.helpers import quiet_trainer
 
 NEW_TASK = [5, 6, 7, 8, 9]
@@ -309,3 +311,114 @@ def test_finetune_backbone_specs():
                                            "model.conv1+model.bn1"]
     assert [g.epoch for g in cb.groups] == [1, 3, 5, 7, 9]
     assert [n for n, p in wrapped.named_parameters() if p.requires_grad] == ["model.fc.weight", "model.fc.bias"]
+
+
+# ---- public architectures (issue 12 item 8): groups follow the blocks, lr_decay is real layer-wise decay
+class _NetModule(L.LightningModule):
+    """A user's plain module: ``self.net = <public model>``, its own SGD (+ OneCycle) over all parameters."""
+
+    def __init__(self, net: nn.Module, tokens: bool = False, onecycle: bool = False) -> None:
+        super().__init__()
+        self.net, self.tokens, self.onecycle = net, tokens, onecycle
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.net(input_ids=x).logits if self.tokens else self.net(x)
+        return nn.functional.cross_entropy(out, y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        if not self.onecycle:
+            return opt
+        steps = self.trainer.estimated_stepping_batches
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=steps)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class _MixinNetModule(SpeedupMixin, _NetModule):
+    """The same through SpeedupMixin: ``configure_optimizers`` from the configs (sgd -> fused kernel on CPU)."""
+
+    def __init__(self, net: nn.Module, tokens: bool = False, onecycle: bool = False) -> None:
+        super().__init__(net, tokens, onecycle, optimizer_config=OptimizerConfig("sgd", lr=0.1, momentum=0.9),
+                         scheduler_config=SchedulerConfig("onecycle") if onecycle else None)
+
+    configure_optimizers = SpeedupMixin.configure_optimizers
+
+
+def _net_data(tokens: bool) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 100, (8, 12), generator=g) if tokens else torch.randn(8, 3, 32, 32, generator=g)
+    return DataLoader(TensorDataset(x, torch.randint(0, 2, (8,), generator=g)), batch_size=4, shuffle=False)
+
+
+class _GroupRecorder(L.Callback):
+    """Per epoch: trainable parameter names and each parameter's lr."""
+
+    def __init__(self) -> None:
+        self.trainable: list[set[str]] = []
+        self.lrs: list[dict[str, float]] = []
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.trainable.append({n for n, p in pl_module.named_parameters() if p.requires_grad})
+        lr_of = {id(p): g["lr"] for g in trainer.optimizers[0].param_groups for p in g["params"]}
+        self.lrs.append({n: lr_of[id(p)] for n, p in pl_module.named_parameters()})
+
+
+_CASES = [pytest.param(f, "plain", id=f"{f}-plain") for f in FAMILIES if f != "tv_vit_1_layer"]
+_CASES += [pytest.param(f, "mixin", id=f"{f}-mixin") for f in ("tv_vit", "bert", "swin")]
+
+
+@pytest.mark.parametrize(("family", "path"), _CASES)
+def test_finetune_lr_decay_follows_blocks(family, path):
+    build, expected = FAMILIES[family]
+    tokens = family == "bert"
+    model = (_NetModule if path == "plain" else _MixinNetModule)(build(), tokens=tokens)
+    cb, rec = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.65, verbose=False), _GroupRecorder()
+    trainer = quiet_trainer(max_epochs=3, limit_train_batches=1, limit_val_batches=0, callbacks=[cb, rec])
+    trainer.fit(model, _net_data(tokens))
+    top_first = [["net." + n for n in g] for g in reversed(expected)]
+    assert [g.prefixes for g in cb.groups] == top_first
+    assert [g.depth for g in cb.groups] == list(range(1, 1 + len(expected)))
+    head = {n for n, _ in model.named_parameters() if not any(n in g.params for g in cb.groups)}
+    assert head and all(n.startswith(("net.heads", "net.head", "net.classifier", "net.fc", "net.bert.pooler"))
+                        for n in head)
+    for epoch, (lrs, trainable) in enumerate(zip(rec.lrs, rec.trainable, strict=True)):
+        assert all(lrs[n] == pytest.approx(0.1) for n in head)
+        for g in cb.groups:  # group k from the top trains at lr x 0.65^k, from the first step on
+            assert [lrs[n] for n in g.params] == pytest.approx([0.1 * 0.65**g.depth] * len(g.params)), g.name
+        unfrozen = [p for g in cb.groups[:epoch] for p in g.params]  # one more block every epoch, top first
+        assert trainable == head | set(unfrozen)
+
+
+@pytest.mark.filterwarnings("ignore:The dirpath has changed")
+@pytest.mark.parametrize("path", ["plain", "mixin"])
+def test_finetune_resume_vit(path, tmp_path):
+    """A wrapped ViT, OneCycle, lr_decay, one encoder layer a epoch: resume after epoch 1 equals the whole run."""
+    build = FAMILIES["tv_vit"][0]
+
+    def fit(ckpt_dir, ckpt_path=None):
+        L.seed_everything(0, verbose=False)
+        model = (_NetModule if path == "plain" else _MixinNetModule)(build(), onecycle=True)
+        cb = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.65, verbose=False)
+        mc = ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}", save_top_k=-1)
+        trainer = quiet_trainer(max_epochs=4, limit_val_batches=0, enable_checkpointing=True, callbacks=[cb, mc])
+        trainer.fit(model, _net_data(False), ckpt_path=ckpt_path)
+        return model, trainer, cb
+
+    full, full_trainer, _ = fit(tmp_path / "full")
+    resumed, trainer, cb = fit(tmp_path / "resumed", str(tmp_path / "full" / "epoch=1.ckpt"))
+    assert len(cb.unfrozen) == 3 and len(trainer.optimizers[0].param_groups) >= 5  # head + 4 layer groups
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx(
+        [g["lr"] for g in full_trainer.optimizers[0].param_groups])
+    for (key, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, msg=key)
+
+
+def test_finetune_explicit_schedule_with_block_names():
+    model = _NetModule(FAMILIES["tv_vit"][0]())
+    cb = FineTuneFreezing(schedule={1: ["net.encoder.layers.encoder_layer_2", "net.encoder.ln"],
+                                    2: ["net.encoder.layers.encoder_layer_1"]})
+    cb.setup(quiet_trainer(max_epochs=3), model, "fit")
+    assert [g.name for g in cb.groups][:2] == ["net.encoder.layers.encoder_layer_2+net.encoder.ln",
+                                               "net.encoder.layers.encoder_layer_1"]
+    assert cb.groups[-1].epoch is None and "net.class_token" in cb.groups[-1].params  # the rest stays frozen

@@ -16,6 +16,7 @@ from lightning_speedups.functional.finetuning import (
     backbone_roots,
     find_head,
     freeze,
+    head_modules,
     layer_groups,
     load_pretrained,
     replace_head,
@@ -144,3 +145,82 @@ def test_finetuning_functional_misconfiguration(tmp_path):
         find_head(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(SpeedupConfigError, match="`backbone` names 'layer5'.*Close matches: 'layer4'"):
         resolve_module_names(resnet18(), ["layer5"], "backbone")
+
+
+# ---- layer groups follow the blocks of common families (issue 12 item 8); tiny configs, random weights
+def _tv_vit(num_layers: int = 3) -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=num_layers, num_heads=2, hidden_dim=32, mlp_dim=64)
+
+
+def _swin() -> nn.Module:
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[1, 1, 1], num_heads=[2, 2, 2], window_size=[4, 4])
+
+
+def _bert(num_layers: int = 3) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=2,
+                                  intermediate_size=64)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def _timm(name: str, **kw) -> nn.Module:
+    timm = pytest.importorskip("timm")
+    return timm.create_model(name, pretrained=False, **kw)
+
+
+def _regnet() -> nn.Module:
+    from torchvision.models import regnet_y_400mf
+
+    return regnet_y_400mf()
+
+
+_VIT_LAYERS = [f"encoder.layers.encoder_layer_{i}" for i in range(3)]
+FAMILIES = {  # builder, expected groups (input -> output)
+    "tv_vit": (_tv_vit, [["conv_proj", "class_token", "encoder.pos_embedding"], *[[n] for n in _VIT_LAYERS[:2]],
+                         [_VIT_LAYERS[2], "encoder.ln"]]),
+    "tv_vit_1_layer": (lambda: _tv_vit(1), [["conv_proj", "class_token", "encoder.pos_embedding"],
+                                            ["encoder.layers.encoder_layer_0", "encoder.ln"]]),
+    "swin": (_swin, [[f"features.{i}"] for i in range(5)] + [["features.5", "norm"]]),
+    "bert": (_bert, [["bert.embeddings"]] + [[f"bert.encoder.layer.{i}"] for i in range(3)]),
+    "timm_vit": (lambda: _timm("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3),
+                 [["patch_embed", "cls_token", "pos_embed"], ["blocks.0"], ["blocks.1"], ["blocks.2", "norm"]]),
+    "timm_efficientnet": (lambda: _timm("efficientnet_b0"),
+                          [["conv_stem", "bn1"]] + [[f"blocks.{i}"] for i in range(7)] + [["conv_head", "bn2"]]),
+    "timm_resnet": (lambda: _timm("resnet18"), [["conv1", "bn1"], ["layer1"], ["layer2"], ["layer3"], ["layer4"]]),
+    "regnet": (_regnet, [["stem"]] + [[f"trunk_output.block{i}"] for i in range(1, 5)]),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_finetuning_layer_groups_follow_blocks(family):
+    build, expected = FAMILIES[family]
+    net = build()
+    groups = layer_groups(net)
+    assert groups == expected  # one group per block (+ the embedding / stem first), input -> output
+    heads = head_modules(net)
+    owned = [n for n, _ in net.named_parameters() if not any(n == h or n.startswith(h + ".") for h in heads)]
+    in_group = [n for n in owned if any(n == m or n.startswith(m + ".") for g in groups for m in g)]
+    assert in_group == owned  # every backbone parameter, loose tokens included, is in exactly one group
+    assert all(sum(n == m or n.startswith(m + ".") for g in groups for m in g) == 1 for n in owned)
+
+
+def test_finetuning_head_modules_and_wrapped_groups():
+    bert = _bert()
+    assert find_head(bert) == "classifier" and head_modules(bert) == ["classifier", "bert.pooler"]
+    assert "bert.pooler" not in backbone_roots(bert)  # the pooler trains with the classifier
+
+    class Wrapper(nn.Module):  # a LightningModule-style wrapper: `self.net = vit`
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _tv_vit()
+
+    groups = layer_groups(Wrapper())
+    assert groups[0] == ["net.conv_proj", "net.class_token", "net.encoder.pos_embedding"] and len(groups) == 4
+    # an explicit backbone: the same rule inside it; the ViT's top-level class token is outside `encoder`
+    assert layer_groups(_tv_vit(), ["encoder"]) == [
+        [_VIT_LAYERS[0], "encoder.pos_embedding"], [_VIT_LAYERS[1]], [_VIT_LAYERS[2], "encoder.ln"]
+    ]
