@@ -16,6 +16,9 @@ How it keeps optimizers, schedulers, checkpoints and DDP consistent (the places 
 - **DDP.** DDP only synchronises parameters that required a gradient when it was built, so frozen parameters cause no
   "unused parameters" error. When a phase unfreezes parameters the callback re-wraps the model in a fresh DDP (all
   ranks at once, at the start of the epoch) so the new parameters are synchronised too.
+- **Fused SGD.** An unfrozen parameter joins a param group whose other parameters already have momentum buffers;
+  torch's fused SGD kernel cannot step such a group, so the callback guards every optimizer with
+  :func:`~lightning_speedups.optim._fused_momentum.guard_fused_momentum` (``create_optimizer`` already does).
 - **BatchNorm.** With ``train_bn=False`` frozen norm layers are held in eval mode (re-applied before every training
   batch, since ``model.train()`` resets it) so their running statistics keep the pretrained values.
 """
@@ -63,8 +66,11 @@ class FineTuneFreezing(Callback):
 
     Args:
         backbone: what to freeze. ``None`` (default) finds the head (a submodule named ``fc``, ``classifier``,
-            ``heads`` or ``head``) and freezes everything else; or an attribute name (``"backbone"``), a list of module
-            names, or a callable ``model -> module | names``. Parameters outside the backbone are left alone.
+            ``heads`` or ``head``, plus a ``pooler`` such as BERT's) and freezes everything else; or an attribute name
+            (``"backbone"``), a list of module names, or a callable ``model -> module | names``. Parameters outside
+            the backbone are left alone. The layer groups follow the backbone's blocks (a ResNet's stages, a ViT's
+            encoder layers, BERT's ``encoder.layer[i]``; see
+            :func:`~lightning_speedups.functional.finetuning.layer_groups`).
         unfreeze_at_epoch: first epoch that trains backbone layers (0 = from the start); ``None`` = never (head only).
         unfreeze_every: ``None`` unfreezes the whole backbone at ``unfreeze_at_epoch``; ``k`` unfreezes one layer
             group (see :func:`~lightning_speedups.functional.finetuning.layer_groups`) every ``k`` epochs, top first.
