@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -11,17 +10,30 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
-from lightning.pytorch.loops.utilities import _block_parallel_sync_behavior
-from lightning.pytorch.trainer import call
-from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
-from lightning.pytorch.utilities.data import extract_batch_size
-from lightning.pytorch.utilities.exceptions import _TunerExitException
-from lightning.pytorch.utilities.memory import is_oom_error
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.utils.data import DataLoader
 
+from lightning_speedups._compat import (
+    fit_source_dataloader,
+    fit_source_instance,
+    fit_source_is_module,
+    reload_train_dataloader,
+    replace_training_results,
+    restore_training_results,
+    set_fit_train_loader,
+    tuner_exit,
+)
 from lightning_speedups._errors import SpeedupConfigError, check_choice
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.callbacks._batch_size_trials import (
+    batch_size_holders,
+    fit_loader_problem,
+    log_search,
+    rebuild_loader,
+    run_trial,
+    scale_live_lrs,
+    trial_progress_bar,
+)
 from lightning_speedups.functional.batch_size import (
     LR_RULES,
     BatchSizeSearchConfig,
@@ -35,37 +47,6 @@ from lightning_speedups.functional.batch_size import (
 )
 
 __all__ = ["ThroughputBatchSizeFinder"]
-
-_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-
-
-def _is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.cuda.OutOfMemoryError) or is_oom_error(err)
-
-
-def _rebuild_loader(dl: DataLoader, batch_size: int) -> DataLoader:
-    """The same plain ``DataLoader`` at another batch size (shuffle, workers, collate and pinning kept)."""
-    kwargs: dict[str, Any] = dict(
-        batch_size=batch_size, shuffle=isinstance(dl.sampler, RandomSampler), num_workers=dl.num_workers,
-        collate_fn=dl.collate_fn, pin_memory=dl.pin_memory, drop_last=dl.drop_last, timeout=dl.timeout,
-        worker_init_fn=dl.worker_init_fn, generator=dl.generator, persistent_workers=dl.persistent_workers,
-    )
-    if dl.num_workers > 0:
-        kwargs.update(prefetch_factor=dl.prefetch_factor, multiprocessing_context=dl.multiprocessing_context)
-    return DataLoader(dl.dataset, **kwargs)
-
-
-def _fit_loader_problem(instance: Any) -> str | None:
-    """Why a dataloader passed to ``fit()`` cannot be re-batched, or ``None`` when it can."""
-    if not isinstance(instance, DataLoader) or type(instance) is not DataLoader:
-        return f"a `{type(instance).__name__}`"
-    if isinstance(instance.dataset, IterableDataset):
-        return "a DataLoader over an IterableDataset"
-    if type(instance.batch_sampler) is not BatchSampler or type(instance.sampler) not in (RandomSampler,
-                                                                                          SequentialSampler):
-        return "a DataLoader with a custom sampler or batch_sampler"
-    return None
-
 
 class ThroughputBatchSizeFinder(Callback):
     """Measure samples/s per batch size at the start of ``fit`` and train with the best one.
@@ -180,17 +161,7 @@ class ThroughputBatchSizeFinder(Callback):
 
     # ------------------------------------------------------------------ where the batch size lives
     def _holders(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Any]:
-        """Objects holding ``attr_name``: model, datamodule, then their hparams (all are kept in sync)."""
-        name, holders = self.attr_name, []
-        dm = trainer.datamodule
-        for obj in (pl_module, dm):
-            if obj is not None and hasattr(obj, name) and not isinstance(getattr(type(obj), name, None), property):
-                holders.append(obj)
-        for obj in (pl_module, dm):
-            hp = getattr(obj, "hparams", None) if obj is not None else None
-            if hp is not None and name in hp:
-                holders.append(hp)
-        return holders
+        return batch_size_holders(trainer, pl_module, self.attr_name)
 
     def _get_size(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
         holders = self._holders(trainer, pl_module)
@@ -207,11 +178,11 @@ class ThroughputBatchSizeFinder(Callback):
             else:
                 setattr(holder, self.attr_name, size)
         if self._fit_loader is not None:
-            trainer.fit_loop._data_source.instance = _rebuild_loader(self._fit_loader, size)
+            set_fit_train_loader(trainer, rebuild_loader(self._fit_loader, size))
 
     def _make_loader(self, trainer: L.Trainer, pl_module: L.LightningModule, size: int) -> Iterable:
         self._set_size(trainer, pl_module, size)
-        loader = trainer.fit_loop._data_source.dataloader()
+        loader = fit_source_dataloader(trainer)
         actual = getattr(loader, "batch_size", size)
         if actual is not None and actual != size:
             raise SpeedupConfigError(
@@ -224,17 +195,17 @@ class ThroughputBatchSizeFinder(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        source = trainer.fit_loop._data_source
         self._fit_loader = None
-        if not source.is_module():
-            problem = _fit_loader_problem(source.instance)
+        if not fit_source_is_module(trainer):
+            instance = fit_source_instance(trainer)
+            problem = fit_loader_problem(instance)
             if problem is not None:
                 raise SpeedupConfigError(
                     f"`train_dataloaders` passed to `fit()` is {problem}, whose batch size cannot be changed. "
                     "Allowed values: a plain torch DataLoader over a map-style dataset. HINT: pass a "
                     "LightningDataModule (or define `train_dataloader()`) that reads `self.batch_size`."
                 )
-            self._fit_loader = source.instance
+            self._fit_loader = instance
         elif not self._holders(trainer, pl_module):
             raise SpeedupConfigError(
                 f"`attr_name`={self.attr_name!r} was not found. Looked in: the model, the datamodule, "
@@ -266,10 +237,9 @@ class ThroughputBatchSizeFinder(Callback):
         return int(self.keep_global_batch)
 
     def _dataset_len(self, trainer: L.Trainer) -> int | None:
-        source = trainer.fit_loop._data_source
         if self._fit_loader is not None:
             dataset = self._fit_loader.dataset
-        elif trainer.datamodule is not None and source.instance is trainer.datamodule:
+        elif trainer.datamodule is not None and fit_source_instance(trainer) is trainer.datamodule:
             dataset = getattr(trainer.datamodule, "train_set", None)
             if dataset is None:
                 return None
@@ -290,23 +260,14 @@ class ThroughputBatchSizeFinder(Callback):
             return
         self.search(trainer, pl_module)
         if self.exit_after_search:
-            raise _TunerExitException()
+            raise tuner_exit()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch
         if epoch not in self.rerun_at_epochs or any(r.epoch == epoch for r in self.history) or trainer.fast_dev_run:
             return
         self.search(trainer, pl_module)
-        # the epoch's dataloader was already built: rebuild it at the new size
-        loop = trainer.fit_loop
-        if loop._data_fetcher is not None:
-            loop._data_fetcher.teardown()
-        loop._combined_loader = None
-        loop.setup_data()
-        from lightning.fabric.utilities.data import _set_sampler_epoch
-
-        for dl in loop._combined_loader.flattened if loop._combined_loader is not None else []:
-            _set_sampler_epoch(dl, loop.epoch_progress.current.processed)
+        reload_train_dataloader(trainer)  # the epoch's dataloader was already built: rebuild it at the new size
 
     # ------------------------------------------------------------------ the search
     def search(self, trainer: L.Trainer, pl_module: L.LightningModule) -> BatchSizeSearchResult:
@@ -331,17 +292,16 @@ class ThroughputBatchSizeFinder(Callback):
         optimizers = list(trainer.optimizers)
         schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        bar = self._bar(trainer)
-        saved_callbacks, loop = trainer.callbacks, trainer.fit_loop.epoch_loop
-        saved_results = loop._results
-        manual = loop.manual_optimization.optim_step_progress
+        bar = trial_progress_bar(trainer) if self.progress_bar else None
+        saved_callbacks, saved_results = trainer.callbacks, None
+        manual = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         manual_state = manual.state_dict()
         try:
             with snapshot_training_state(pl_module, optimizers, schedulers, [scaler] if scaler is not None else []):
                 baseline = meter.current()
                 budget = int(self.config.memory_budget * meter.capacity())
                 trainer.callbacks = []  # other callbacks must not see trial steps
-                loop._results = _ResultCollection(training=True)  # trial logs go to a throw-away collection
+                saved_results = replace_training_results(trainer)  # trial logs go to a throw-away collection
 
                 def on_trial(t: BatchSizeTrial) -> None:
                     if bar is not None:
@@ -357,7 +317,8 @@ class ThroughputBatchSizeFinder(Callback):
             raise
         finally:
             trainer.callbacks = saved_callbacks
-            loop._results = saved_results
+            if saved_results is not None:
+                restore_training_results(trainer, saved_results)
             manual.load_state_dict(manual_state)
             if bar is not None:
                 bar.close()
@@ -372,11 +333,11 @@ class ThroughputBatchSizeFinder(Callback):
         self._apply(trainer, pl_module, result, fresh=True)
         self.result = result
         self.history.append(result)
-        self._log(trainer, result)
+        log_search(trainer, result, verbose=self.verbose)
         return result
 
     def _probe_len(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int | None:
-        loader = trainer.fit_loop._data_source.dataloader()
+        loader = fit_source_dataloader(trainer)
         try:
             return len(loader.dataset) // max(1, trainer.world_size)  # type: ignore[union-attr]
         except (TypeError, AttributeError):
@@ -384,94 +345,11 @@ class ThroughputBatchSizeFinder(Callback):
 
     def _trial(self, trainer: L.Trainer, pl_module: L.LightningModule, meter: MemoryMeter, size: int) -> BatchSizeTrial:
         loader = self._make_loader(trainer, pl_module, size)
-        device = trainer.strategy.root_device
         # the process is warm after the first size; only CUDA pays again per shape (cuDNN autotune, allocator)
-        warmup = self.config.warmup_steps if (self._trials_run == 0 or device.type == "cuda") else 0
+        first_or_cuda = self._trials_run == 0 or trainer.strategy.root_device.type == "cuda"
         self._trials_run += 1
-        rates: list[float] = []
-        times: list[float] = []
-        oom = False
-        pl_module.train()
-        meter.start()
-        try:
-            # no gradient all-reduce: ranks measure independently, so an OOM on one rank cannot hang the others
-            with _block_parallel_sync_behavior(trainer.strategy, block=True):
-                self._steps(trainer, pl_module, loader, warmup, rates, times)
-        except RuntimeError as err:
-            if not _is_oom(err):
-                raise
-            oom = True
-        finally:
-            for p in pl_module.parameters():
-                p.grad = None
-        peak = meter.stop()
-        # the fastest timed step: interference from other processes only ever slows a step down
-        rate = max(rates) if rates and not oom else 0.0
-        if trainer.world_size > 1:  # agree per trial so every rank takes the same next step
-            stats = torch.tensor([-rate, float(peak), float(oom)], device=device, dtype=torch.float64)
-            stats = trainer.strategy.reduce(stats, reduce_op="max")
-            rate, peak, oom = -float(stats[0]), int(stats[1]), bool(stats[2] > 0)
-        return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", times)
-
-    def _steps(self, trainer: L.Trainer, pl_module: L.LightningModule, loader: Iterable, warmup: int,
-               rates: list[float], times: list[float]) -> None:
-        """``warmup`` untimed steps, then timed ones until the step, sample or time budget of a trial is spent."""
-        cfg = self.config
-        device = trainer.strategy.root_device
-        iterator = iter(loader)
-        seen, spent, i = 0, 0.0, 0
-        try:
-            while True:
-                timed = i >= warmup
-                if timed and times and (
-                    len(times) >= cfg.steps_per_trial
-                    or (cfg.trial_samples is not None and seen >= cfg.trial_samples)
-                    or (cfg.trial_time is not None and spent >= cfg.trial_time)
-                ):
-                    break
-                t0 = time.perf_counter()
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    iterator = iter(loader)
-                    batch = next(iterator)
-                n = extract_batch_size(batch)
-                self._step(trainer, pl_module, batch, i)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                dt = time.perf_counter() - t0
-                if timed:
-                    times.append(dt)
-                    rates.append(n / max(dt, 1e-9))
-                    seen += n
-                    spent += dt
-                i += 1
-        finally:
-            del iterator  # shuts worker processes down before the next size starts its own
-
-    def _step(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        batch = trainer.precision_plugin.convert_input(batch)
-        batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
-        batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
-        loop = trainer.fit_loop.epoch_loop
-        loop._results.batch = batch
-        if not pl_module.automatic_optimization or not trainer.optimizers:
-            out = call._call_strategy_hook(trainer, "training_step", batch, idx)
-            loss = out["loss"] if isinstance(out, dict) else out
-            if pl_module.automatic_optimization and isinstance(loss, torch.Tensor) and loss.requires_grad:
-                trainer.strategy.backward(loss, None)
-            return
-        optimizer = trainer.optimizers[0]
-
-        def closure() -> torch.Tensor | None:
-            out = call._call_strategy_hook(trainer, "training_step", batch, idx)
-            loss = out["loss"] if isinstance(out, dict) else out
-            optimizer.zero_grad(set_to_none=True)
-            if loss is not None:
-                trainer.strategy.backward(loss, optimizer)
-            return loss
-
-        trainer.strategy.optimizer_step(optimizer, closure, pl_module)
+        return run_trial(trainer, pl_module, meter, loader, size, self.config,
+                         warmup=self.config.warmup_steps if first_or_cuda else 0)
 
     # ------------------------------------------------------------------ applying the choice
     def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule, result: BatchSizeSearchResult,
@@ -498,45 +376,12 @@ class ThroughputBatchSizeFinder(Callback):
         if owns_cfg and result.config_lr is not None:
             pl_module.optimizer_config = dataclasses.replace(cfg, lr=result.config_lr)
         if live != 1.0:
-            self._scale_live(trainer, live)
-
-    @staticmethod
-    def _scale_live(trainer: L.Trainer, factor: float) -> None:
-        for opt in trainer.optimizers:
-            for group in opt.param_groups:
-                for key in _LR_KEYS:
-                    if isinstance(group.get(key), (int, float)) and not isinstance(group.get(key), bool):
-                        group[key] = group[key] * factor
-        for cfg_s in trainer.lr_scheduler_configs:
-            sch = cfg_s.scheduler
-            if hasattr(sch, "base_lrs"):
-                sch.base_lrs = [lr * factor for lr in sch.base_lrs]
-            if hasattr(sch, "_last_lr"):
-                sch._last_lr = [g["lr"] for g in sch.optimizer.param_groups]
+            scale_live_lrs(trainer, live)
 
     @staticmethod
     def _mixin_rule(pl_module: L.LightningModule) -> str | None:
         cfg = getattr(pl_module, "optimizer_config", None)
         return getattr(cfg, "lr_scaling", None)
-
-    def _bar(self, trainer: L.Trainer) -> Any:
-        if not (self.progress_bar and trainer.is_global_zero and trainer.progress_bar_callback is not None):
-            return None
-        from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
-
-        return Tqdm(desc="Batch-size search", unit="trial", leave=False, dynamic_ncols=True, file=sys.stdout)
-
-    def _log(self, trainer: L.Trainer, result: BatchSizeSearchResult) -> None:
-        if self.verbose:
-            rank_zero_info(f"ThroughputBatchSizeFinder (epoch {result.epoch}):\n{result.table()}")
-        best = result.trial(result.chosen)
-        metrics = {
-            "batch_size_finder/chosen": float(result.chosen),
-            "batch_size_finder/samples_per_s": best.samples_per_s if best else 0.0,
-            "batch_size_finder/search_time_s": result.search_time_s,
-        }
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
 
 
 register_technique(

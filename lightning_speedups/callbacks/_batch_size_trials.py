@@ -1,0 +1,231 @@
+"""The trial loop of ``ThroughputBatchSizeFinder``, and its other work on the live trainer.
+
+Kept apart from the callback (which decides *when* to search and what to apply): :func:`run_trial` runs real,
+timed optimizer steps at one batch size and returns a :class:`~lightning_speedups.functional.batch_size.BatchSizeTrial`
+for the search policy; the helpers below re-batch loaders, find where the batch size lives and rescale live learning
+rates. The Lightning internals a step goes through (batch hooks, strategy ``training_step``, logged results, DDP
+no-sync) are reached through :mod:`lightning_speedups._compat`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.memory import is_oom_error
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from lightning_speedups._compat import (
+    before_batch_transfer,
+    no_gradient_sync,
+    refresh_scheduler_last_lr,
+    set_results_batch,
+    strategy_training_step,
+)
+from lightning_speedups.functional.batch_size import (
+    BatchSizeSearchConfig,
+    BatchSizeSearchResult,
+    BatchSizeTrial,
+    MemoryMeter,
+)
+
+__all__ = [
+    "batch_size_holders",
+    "fit_loader_problem",
+    "is_oom",
+    "log_search",
+    "rebuild_loader",
+    "run_trial",
+    "scale_live_lrs",
+    "trial_progress_bar",
+]
+
+_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
+
+
+def is_oom(err: BaseException) -> bool:
+    """Whether ``err`` is an out-of-memory error (CUDA or CPU allocator)."""
+    return isinstance(err, torch.cuda.OutOfMemoryError) or is_oom_error(err)
+
+
+def rebuild_loader(dl: DataLoader, batch_size: int) -> DataLoader:
+    """The same plain ``DataLoader`` at another batch size (shuffle, workers, collate and pinning kept)."""
+    kwargs: dict[str, Any] = dict(
+        batch_size=batch_size, shuffle=isinstance(dl.sampler, RandomSampler), num_workers=dl.num_workers,
+        collate_fn=dl.collate_fn, pin_memory=dl.pin_memory, drop_last=dl.drop_last, timeout=dl.timeout,
+        worker_init_fn=dl.worker_init_fn, generator=dl.generator, persistent_workers=dl.persistent_workers,
+    )
+    if dl.num_workers > 0:
+        kwargs.update(prefetch_factor=dl.prefetch_factor, multiprocessing_context=dl.multiprocessing_context)
+    return DataLoader(dl.dataset, **kwargs)
+
+
+def fit_loader_problem(instance: Any) -> str | None:
+    """Why a dataloader passed to ``fit()`` cannot be re-batched, or ``None`` when it can."""
+    if not isinstance(instance, DataLoader) or type(instance) is not DataLoader:
+        return f"a `{type(instance).__name__}`"
+    if isinstance(instance.dataset, IterableDataset):
+        return "a DataLoader over an IterableDataset"
+    if type(instance.batch_sampler) is not BatchSampler or type(instance.sampler) not in (RandomSampler,
+                                                                                          SequentialSampler):
+        return "a DataLoader with a custom sampler or batch_sampler"
+    return None
+
+
+def batch_size_holders(trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> list[Any]:
+    """Objects holding ``name``: model, datamodule, then their hparams (all are kept in sync)."""
+    holders: list[Any] = []
+    dm = trainer.datamodule
+    for obj in (pl_module, dm):
+        if obj is not None and hasattr(obj, name) and not isinstance(getattr(type(obj), name, None), property):
+            holders.append(obj)
+    for obj in (pl_module, dm):
+        hp = getattr(obj, "hparams", None) if obj is not None else None
+        if hp is not None and name in hp:
+            holders.append(hp)
+    return holders
+
+
+def scale_live_lrs(trainer: L.Trainer, factor: float) -> None:
+    """Multiply the learning rates of the live optimizers and schedulers' base lrs by ``factor``."""
+    for opt in trainer.optimizers:
+        for group in opt.param_groups:
+            for key in _LR_KEYS:
+                if isinstance(group.get(key), (int, float)) and not isinstance(group.get(key), bool):
+                    group[key] = group[key] * factor
+    for cfg_s in trainer.lr_scheduler_configs:
+        sch = cfg_s.scheduler
+        if hasattr(sch, "base_lrs"):
+            sch.base_lrs = [lr * factor for lr in sch.base_lrs]
+        refresh_scheduler_last_lr(sch)
+
+
+def trial_progress_bar(trainer: L.Trainer) -> Any:
+    """A tqdm bar for the trials on rank 0 when the trainer shows a progress bar, else ``None``."""
+    if not (trainer.is_global_zero and trainer.progress_bar_callback is not None):
+        return None
+    from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+    return Tqdm(desc="Batch-size search", unit="trial", leave=False, dynamic_ncols=True, file=sys.stdout)
+
+
+def log_search(trainer: L.Trainer, result: BatchSizeSearchResult, verbose: bool) -> None:
+    """The trial table on rank 0 (when ``verbose``) and the ``batch_size_finder/*`` metrics to every logger."""
+    if verbose:
+        rank_zero_info(f"ThroughputBatchSizeFinder (epoch {result.epoch}):\n{result.table()}")
+    best = result.trial(result.chosen)
+    metrics = {
+        "batch_size_finder/chosen": float(result.chosen),
+        "batch_size_finder/samples_per_s": best.samples_per_s if best else 0.0,
+        "batch_size_finder/search_time_s": result.search_time_s,
+    }
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def run_trial(
+    trainer: L.Trainer,
+    pl_module: L.LightningModule,
+    meter: MemoryMeter,
+    loader: Iterable,
+    size: int,
+    config: BatchSizeSearchConfig,
+    warmup: int,
+) -> BatchSizeTrial:
+    """``warmup`` untimed then timed optimizer steps on ``loader`` (batches of ``size``); samples/s and peak memory.
+
+    An out-of-memory error ends the trial as ``"oom"``; any other error propagates. Gradients are dropped afterwards.
+    Under DDP every rank agrees on the result (fastest rate, largest peak, any OOM), so all take the same next step.
+    """
+    device = trainer.strategy.root_device
+    rates: list[float] = []
+    times: list[float] = []
+    oom = False
+    pl_module.train()
+    meter.start()
+    try:
+        # no gradient all-reduce: ranks measure independently, so an OOM on one rank cannot hang the others
+        with no_gradient_sync(trainer.strategy):
+            _timed_steps(trainer, pl_module, loader, config, warmup, rates, times)
+    except RuntimeError as err:
+        if not is_oom(err):
+            raise
+        oom = True
+    finally:
+        for p in pl_module.parameters():
+            p.grad = None
+    peak = meter.stop()
+    # the fastest timed step: interference from other processes only ever slows a step down
+    rate = max(rates) if rates and not oom else 0.0
+    if trainer.world_size > 1:  # agree per trial so every rank takes the same next step
+        stats = torch.tensor([-rate, float(peak), float(oom)], device=device, dtype=torch.float64)
+        stats = trainer.strategy.reduce(stats, reduce_op="max")
+        rate, peak, oom = -float(stats[0]), int(stats[1]), bool(stats[2] > 0)
+    return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", times)
+
+
+def _timed_steps(trainer: L.Trainer, pl_module: L.LightningModule, loader: Iterable, cfg: BatchSizeSearchConfig,
+                 warmup: int, rates: list[float], times: list[float]) -> None:
+    """``warmup`` untimed steps, then timed ones until the step, sample or time budget of a trial is spent."""
+    device = trainer.strategy.root_device
+    iterator = iter(loader)
+    seen, spent, i = 0, 0.0, 0
+    try:
+        while True:
+            timed = i >= warmup
+            if timed and times and (
+                len(times) >= cfg.steps_per_trial
+                or (cfg.trial_samples is not None and seen >= cfg.trial_samples)
+                or (cfg.trial_time is not None and spent >= cfg.trial_time)
+            ):
+                break
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                iterator = iter(loader)
+                batch = next(iterator)
+            n = extract_batch_size(batch)
+            _train_step(trainer, pl_module, batch, i)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            if timed:
+                times.append(dt)
+                rates.append(n / max(dt, 1e-9))
+                seen += n
+                spent += dt
+            i += 1
+    finally:
+        del iterator  # shuts worker processes down before the next size starts its own
+
+
+def _train_step(trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+    """One step as the fit loop runs it: input conversion, batch hooks, device transfer, optimizer step."""
+    batch = trainer.precision_plugin.convert_input(batch)
+    batch = before_batch_transfer(pl_module, batch, dataloader_idx=0)
+    batch = trainer.strategy.batch_to_device(batch, dataloader_idx=0)
+    set_results_batch(trainer, batch)
+    if not pl_module.automatic_optimization or not trainer.optimizers:
+        out = strategy_training_step(trainer, batch, idx)
+        loss = out["loss"] if isinstance(out, dict) else out
+        if pl_module.automatic_optimization and isinstance(loss, torch.Tensor) and loss.requires_grad:
+            trainer.strategy.backward(loss, None)
+        return
+    optimizer = trainer.optimizers[0]
+
+    def closure() -> torch.Tensor | None:
+        out = strategy_training_step(trainer, batch, idx)
+        loss = out["loss"] if isinstance(out, dict) else out
+        optimizer.zero_grad(set_to_none=True)
+        if loss is not None:
+            trainer.strategy.backward(loss, optimizer)
+        return loss
+
+    trainer.strategy.optimizer_step(optimizer, closure, pl_module)
