@@ -10,47 +10,26 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch import nn
 
 from lightning_speedups import settings
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.callbacks._advisor_measure import (
+    checksum,
+    fill_device_facts,
+    fill_loader_facts,
+    first_float_tensor,
+    measure_effects,
+    memory_format_ok,
+    optimizer_infos,
+    process_rss,
+)
 from lightning_speedups.functional import advisor as F
-from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThresholds, Measurements, OptimizerInfo
-from lightning_speedups.measure import cpu_model
+from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThresholds, Measurements
 
 __all__ = ["SpeedAdvisor"]
 
 _now = time.perf_counter  # module-level so tests can patch the clock
-
-
-def _memory_format_ok(module: nn.Module) -> tuple[bool, bool]:
-    """(has a 2-D conv, every 2-D conv weight already channels_last)."""
-    convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
-    if not convs:
-        return False, False
-    cl = all(
-        m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous() for m in convs
-    )
-    return True, cl
-
-
-def _checksum(p: torch.Tensor) -> tuple[float, float]:
-    d = p.detach().double()
-    return float(d.sum()), float((d * d).sum())
-
-
-def _first_float_tensor(batch: Any) -> torch.Tensor | None:
-    """The batch's input tensor for the model-copy measurements: the first floating-point tensor in it."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.is_floating_point() else None
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for b in batch:
-            if isinstance(b, torch.Tensor) and b.is_floating_point():
-                return b
-    return None
 
 
 class SpeedAdvisor(Callback):
@@ -181,7 +160,7 @@ class SpeedAdvisor(Callback):
             self._m.data_waits.append(t - self._t_last_end)
         self._t_start = t
         self._t_backward = self._t_opt = None
-        self._example = _first_float_tensor(batch)
+        self._example = first_float_tensor(batch)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         if self._active:
@@ -222,7 +201,7 @@ class SpeedAdvisor(Callback):
             if self._t_opt is not None:
                 m.optimizer_times.append(t - self._t_opt)
         if not self._cuda:
-            self._rss_peak = max(self._rss_peak, self._rss())
+            self._rss_peak = max(self._rss_peak, process_rss())
         if self._batches >= self.warmup_steps + self.window_steps:
             self._finish(trainer, pl_module, note=None)
             return
@@ -264,20 +243,11 @@ class SpeedAdvisor(Callback):
         except Exception:  # noqa: BLE001
             self._m.flops_per_batch = None
 
-    @staticmethod
-    def _rss() -> int:
-        try:
-            import psutil
-
-            return int(psutil.Process().memory_info().rss)
-        except Exception:  # noqa: BLE001
-            return 0
-
     def _begin_window(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> None:
         self._active = True
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(pl_module.device)
-        self._frozen_sums = {n: _checksum(p) for n, p in pl_module.named_parameters() if not p.requires_grad}
+        self._frozen_sums = {n: checksum(p) for n, p in pl_module.named_parameters() if not p.requires_grad}
         try:
             from lightning.pytorch.utilities.data import extract_batch_size
 
@@ -287,83 +257,27 @@ class SpeedAdvisor(Callback):
 
     def _collect(self, trainer: L.Trainer, pl_module: L.LightningModule, notes: list[str]) -> Measurements:
         m = self._m
-        device = pl_module.device
-        m.device_type = device.type
+        m.device_type = pl_module.device.type
         m.precision = str(trainer.precision)
         m.callbacks = [type(c).__name__ for c in trainer.callbacks]
         m.compiled = any(type(x).__name__ == "OptimizedModule" for x in pl_module.modules())
-        m.has_conv, m.conv_channels_last = _memory_format_ok(pl_module)
-        if self._cuda:
-            m.device_name = torch.cuda.get_device_name(device)
-            m.memory_kind = "cuda"
-            m.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
-            free, total = torch.cuda.mem_get_info(device)
-            m.memory_total_bytes, m.memory_available_bytes = int(total), int(free)
-            m.cuda_bf16_supported = bool(torch.cuda.is_bf16_supported())
-            m.tf32_off = torch.cuda.get_device_capability(device) >= (8, 0) and (
-                torch.get_float32_matmul_precision() == "highest"
-            )
-            dtype = torch.bfloat16 if "bf16" in m.precision else torch.float16 if "16" in m.precision else torch.float32
-            from lightning.fabric.utilities.throughput import get_available_flops
-
-            peak = get_available_flops(device, dtype)
-            m.peak_flops = float(peak) if peak else None
-        else:
-            m.device_name = cpu_model() if device.type == "cpu" else device.type
-            m.memory_kind = "cpu_rss"
-            m.peak_memory_bytes = self._rss_peak or None
-            try:
-                import psutil
-
-                vm = psutil.virtual_memory()
-                m.memory_total_bytes, m.memory_available_bytes = int(vm.total), int(vm.available)
-            except Exception:  # noqa: BLE001
-                pass
-            if device.type == "cpu":
-                notes.append("device peak FLOP/s is unknown for CPUs, so utilisation is not computed")
-        loader = trainer.train_dataloader
-        if isinstance(loader, dict):  # several train loaders (CombinedLoader): judge the first
-            loader = next(iter(loader.values()), None)
-        elif isinstance(loader, (list, tuple)):
-            loader = loader[0] if loader else None
-        if loader is not None:
-            m.loader_kind = "DataLoader" if isinstance(loader, torch.utils.data.DataLoader) else type(loader).__name__
-            m.num_workers = getattr(loader, "num_workers", None)
-        m.optimizers = [
-            OptimizerInfo(
-                type(o).__name__,
-                fused=o.defaults.get("fused"),
-                foreach=o.defaults.get("foreach"),
-                fused_supported="fused" in o.defaults,
-            )
-            for o in trainer.optimizers
-        ]
+        m.has_conv, m.conv_channels_last = memory_format_ok(pl_module)
+        fill_device_facts(m, pl_module.device, self._cuda, self._rss_peak, notes)
+        fill_loader_facts(m, trainer.train_dataloader)
+        m.optimizers = optimizer_infos(trainer.optimizers)
         params = dict(pl_module.named_parameters())
         m.frozen_updated = sorted(
-            n for n, s in self._frozen_sums.items() if n in params and _checksum(params[n]) != s
+            n for n, s in self._frozen_sums.items() if n in params and checksum(params[n]) != s
         )
         trainable = [n for n, p in params.items() if p.requires_grad]
         m.trainable_params = len(trainable)
         if m.optimizer_times:  # grads were inspected only when an optimizer step ran
             m.never_grad = sorted(set(trainable) - self._got_grad)
         if self.measure_effects:
-            self._measure_effects(trainer, pl_module, m)
+            measure_effects(m, pl_module, trainer.optimizers, self._example)
         if m.device_type == "cpu" and ("bf16" in m.precision or m.precision.startswith("16")) and not m.bf16_speedup:
             m.cpu_bf16_fast = settings.cpu_bf16_is_fast()  # library-wide cached probe: the model copy was not timed
         return m
-
-    def _measure_effects(self, trainer: L.Trainer, pl_module: L.LightningModule, m: Measurements) -> None:
-        x = self._example
-        # model copies only while they are cheap: at most ~100M parameters
-        small = sum(p.numel() for p in pl_module.parameters()) <= 100_000_000
-        if m.device_type == "cpu":
-            if x is not None and small:
-                m.bf16_speedup = F.bf16_autocast_speedup(pl_module, x)
-        if m.has_conv and not m.conv_channels_last and x is not None and x.dim() == 4 and small:
-            m.channels_last_speedup = F.channels_last_speedup(pl_module, x)
-        for info, opt in zip(m.optimizers, trainer.optimizers):
-            if info.fused_supported and not info.fused and small:
-                info.fused_speedup = F.fused_optimizer_speedup(opt)
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, note: str | None) -> None:
         self._active = False
