@@ -7,12 +7,9 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
-import inspect
 import os
 import sys
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -21,6 +18,15 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._settings_vocab import (
+    _REMOVED_STRATEGIES,
+    ACCELERATORS,
+    PRECISIONS,
+    STRATEGIES,
+    TrainerSettings,
+    _check_overrides,
+    _normalise_precision,
+)
 from lightning_speedups.functional.advisor import bf16_autocast_speedup
 
 __all__ = [
@@ -34,25 +40,6 @@ __all__ = [
     "PRECISIONS",
     "STRATEGIES",
 ]
-
-ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "tpu", "mps")
-PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "transformer-engine")
-_PRECISION_ALIASES = {
-    32: "32-true",
-    "32": "32-true",
-    16: "16-mixed",
-    "16": "16-mixed",
-    "bf16": "bf16-mixed",
-    64: "64-true",
-    "64": "64-true",
-}
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "xla", "single_device")
-_REMOVED_STRATEGIES = {
-    "dp": "Lightning 2 removed DataParallel (`strategy='dp'`). Use strategy='ddp': one process per device is also "
-    "faster, since DataParallel re-copies the model to every GPU on each step and is bound by one Python thread.",
-    "ddp2": "Lightning 2 removed `ddp2`. Use strategy='ddp'.",
-    "horovod": "Lightning 2 removed Horovod support. Use strategy='ddp' (torchrun / SLURM launch multi-node jobs).",
-}
 
 
 # ---------------------------------------------------------------- hardware probes (patched in tests)
@@ -130,35 +117,6 @@ def cpu_bf16_is_fast() -> bool:
 
 
 # ---------------------------------------------------------------- settings
-@dataclass
-class TrainerSettings:
-    """``lightning.Trainer`` keyword arguments plus the human-readable reason for each choice.
-
-    Example::
-
-        >>> s = explain_trainer_settings(accelerator="cpu", precision="32-true")
-        >>> s.kwargs["accelerator"], s.kwargs["precision"]
-        ('cpu', '32-true')
-    """
-
-    kwargs: dict[str, Any]
-    reasons: dict[str, str] = field(default_factory=dict)
-
-    def explain(self) -> str:
-        """One line per setting: ``name = value  # reason``."""
-        width = max((len(k) for k in self.kwargs), default=0)
-        lines = []
-        for key, value in self.kwargs.items():
-            reason = self.reasons.get(key, "")
-            lines.append(f"{key:<{width}} = {value!r}" + (f"  # {reason}" if reason else ""))
-        return "\n".join(lines)
-
-
-def _normalise_precision(precision: Any) -> str:
-    precision = _PRECISION_ALIASES.get(precision, precision)
-    return check_choice("precision", precision, PRECISIONS, hint="`16` means '16-mixed', `'bf16'` means 'bf16-mixed'.")
-
-
 def _resolve_accelerator(accelerator: str, reasons: dict[str, str]) -> str:
     check_choice("accelerator", accelerator, ACCELERATORS)
     n_cuda = _cuda_device_count()
@@ -331,17 +289,6 @@ def _resolve_precision(precision: str, accelerator: str, reasons: dict[str, str]
         return precision
     reasons["precision"] = "asked for"
     return precision
-
-
-def _check_overrides(overrides: dict[str, Any]) -> None:
-    import lightning
-
-    valid = set(inspect.signature(lightning.Trainer.__init__).parameters) - {"self"}
-    for key in overrides:
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=3)
-            hint = f" HINT: did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise SpeedupConfigError(f"`{key}` is not a lightning.Trainer argument.{hint}")
 
 
 def explain_trainer_settings(
