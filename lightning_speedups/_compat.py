@@ -89,6 +89,27 @@ def is_spawn_launcher(trainer: Any) -> bool:
     return isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher)
 
 
+def ddp_wrap_again(strategy: Any, module: Any) -> None:
+    """Wrap ``module`` in a new ``DistributedDataParallel`` exactly as the DDP strategy does at the start of a fit.
+
+    Relies on: ``DDPStrategy._setup_model(module) -> DistributedDataParallel`` and ``DDPStrategy._register_ddp_hooks()``
+    (2.0 - 2.6), the two steps of ``DDPStrategy.configure_ddp``, which also re-runs model setup we must not repeat.
+    """
+    strategy.model = strategy._setup_model(module)
+    strategy._register_ddp_hooks()
+
+
+def init_optimizers_and_schedulers(pl_module: Any) -> tuple[list[Any], list[Any]]:
+    """Run the module's ``configure_optimizers`` and parse it the way the strategy does at the start of a fit.
+
+    Relies on: ``lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers(model) -> (optimizers,
+    lr_scheduler_configs)`` (2.0 - 2.6), which accepts every return form ``configure_optimizers`` may use.
+    """
+    from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+
+    return _init_optimizers_and_lr_schedulers(pl_module)
+
+
 # --- torch-pruning ---------------------------------------------------------------------------------------------
 
 
@@ -373,3 +394,70 @@ def undo_lr_find_debias(losses: list[float], beta: float = 0.98) -> list[float]:
     Lightning still smooths this way.
     """
     return [x * (1 - beta ** (k + 2)) / (1 - beta ** (k + 1)) for k, x in enumerate(losses)]
+
+
+# --- time-to-accuracy methods (EMA, progressive resizing) ----------------------------------------------------------
+# Used by callbacks/ema.py and callbacks/progressive_resizing.py; checked by tests/test_compat_tta.py.
+
+_BATCH_HOOKS_ATTR = "_lightning_speedups_after_batch_to_device"
+
+
+def weight_averaging_model(callback: Any) -> Any:
+    """The ``AveragedModel`` of a Lightning ``WeightAveraging`` callback (``None`` before ``setup("fit")``).
+
+    Relies on: ``WeightAveraging._average_model`` (2.5 - 2.6), created in ``setup`` for the fit stage.
+    """
+    return callback._average_model
+
+
+def weight_averaging_epoch(callback: Any) -> int:
+    """The last epoch after which a ``WeightAveraging`` callback updated its average (``-1``: none yet).
+
+    Relies on: ``WeightAveraging._latest_update_epoch`` (2.5 - 2.6), which Lightning's own ``state_dict`` does not
+    save; set it back with :func:`set_weight_averaging_epoch`.
+    """
+    return int(callback._latest_update_epoch)
+
+
+def set_weight_averaging_epoch(callback: Any, epoch: int) -> None:
+    """Restore what :func:`weight_averaging_epoch` returned (from a checkpoint).
+
+    Relies on: ``WeightAveraging._latest_update_epoch`` (2.5 - 2.6), compared with ``trainer.current_epoch`` in
+    ``on_train_epoch_end`` so an epoch is never averaged twice.
+    """
+    callback._latest_update_epoch = int(epoch)
+
+
+def after_batch_to_device(strategy: Any, key: str, fn: Callable[[Any, int], Any] | None) -> None:
+    """Pass every batch through ``fn(batch, dataloader_idx) -> batch`` right after ``strategy`` moved it to the device.
+
+    ``fn=None`` removes the hook registered under ``key``; with no hooks left the strategy's own method is restored.
+
+    Relies on: the fit / evaluation loops moving each batch with the *public* ``Strategy.batch_to_device(batch,
+    device=None, dataloader_idx=0)`` (``call._call_strategy_hook(trainer, "batch_to_device", ...)``, 2.0 - 2.6)
+    and handing its return value to ``training_step`` and the batch hooks. Unlike an override of the module's
+    ``on_after_batch_transfer``, this works whatever batch type the loader yields and whether or not a datamodule
+    (which Lightning prefers for that hook) is attached. Loops that hand ``training_step`` a ``dataloader_iter`` do
+    not move batches, so the hook does not run there.
+    """
+    hooks: dict[str, Callable[[Any, int], Any]] | None = strategy.__dict__.get(_BATCH_HOOKS_ATTR)
+    if fn is None:
+        if hooks is not None:
+            hooks.pop(key, None)
+            if not hooks:
+                del strategy.__dict__[_BATCH_HOOKS_ATTR]
+                strategy.__dict__.pop("batch_to_device", None)
+        return
+    if hooks is None:
+        hooks = {}
+        original = strategy.batch_to_device
+
+        def batch_to_device(batch: Any, device: Any = None, dataloader_idx: int = 0) -> Any:
+            batch = original(batch, device, dataloader_idx)
+            for hook in list(hooks.values()):
+                batch = hook(batch, dataloader_idx)
+            return batch
+
+        strategy.__dict__[_BATCH_HOOKS_ATTR] = hooks
+        strategy.batch_to_device = batch_to_device
+    hooks[key] = fn

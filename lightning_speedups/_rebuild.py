@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from torch import nn
 
+from lightning_speedups._compat import ddp_wrap_again, init_optimizers_and_schedulers
 from lightning_speedups._errors import SpeedupConfigError
 
 __all__ = ["ParamOrigin", "rebuild_optimizers", "rewrap_ddp", "slice_state_tensor"]
@@ -103,8 +103,7 @@ def rewrap_ddp(trainer: Any) -> bool:
     strategy.model = inner
     del old
     gc.collect()  # drop the old reducer and its autograd hooks before the new one registers its own
-    strategy.model = strategy._setup_model(inner)
-    strategy._register_ddp_hooks()
+    ddp_wrap_again(strategy, inner)
     return True
 
 
@@ -154,7 +153,7 @@ def rebuild_optimizers(
     old_configs = list(strategy.lr_scheduler_configs)
 
     rewrapped = rewrap_ddp(trainer)
-    new_optimizers, new_configs = _init_optimizers_and_lr_schedulers(pl_module)  # type: ignore[arg-type]
+    new_optimizers, new_configs = init_optimizers_and_schedulers(pl_module)  # type: ignore[arg-type]
     if len(new_optimizers) != len(old_optimizers) or len(new_configs) != len(old_configs):
         raise SpeedupConfigError(
             f"`configure_optimizers` returned {len(new_optimizers)} optimizers / {len(new_configs)} schedulers after "

@@ -95,3 +95,12 @@ def test_compat_torch_pruning_internals():
         pruner.step()
         assert _compat.tp_scope_channels(pruner), "BasePruner no longer records the initial channels per scope"
     assert (8, 4) in sliced, "torch-pruning no longer slices parameters through _prune_parameter_and_grad"
+
+
+def test_compat_ddp_and_optimizer_setup_names():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    for name in ("_setup_model", "_register_ddp_hooks"):
+        assert callable(getattr(DDPStrategy, name, None)), f"DDPStrategy.{name} moved: ddp_wrap_again must follow"
+    optimizers, configs = _compat.init_optimizers_and_schedulers(_Tiny())
+    assert len(optimizers) == 1 and configs == [], "_init_optimizers_and_lr_schedulers changed its return value"

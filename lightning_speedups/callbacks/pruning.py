@@ -20,7 +20,7 @@ from lightning_speedups._compat import (
 )
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
 from lightning_speedups._inputs import example_from_batch, first_batch
-from lightning_speedups._rebuild import rebuild_optimizers
+from lightning_speedups._rebuild import rebuild_optimizers, rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import apply_structure_records, store_structure_record
 from lightning_speedups.functional._masks import attach_mask, masked_modules, weight_mask
@@ -249,6 +249,7 @@ class Pruning(L.Callback):
         if self.mode == "unstructured" and self._masks:  # resume: weights are loaded, re-attach the masks
             for name, mask in self._masks.items():
                 attach_mask(pl_module.get_submodule(name), mask)
+            rewrap_ddp(trainer)  # parametrizing re-sets the weights: DDP's gradient hooks must be registered anew
 
     # ------------------------------------------------------------------ pruning
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -259,8 +260,11 @@ class Pruning(L.Callback):
         if self.mode == "structured":
             summary = self._prune_structured(trainer, pl_module, target)
         else:
+            first = not masked_modules(pl_module)
             summary = prune_unstructured(pl_module, target, self.importance, self._ignored(pl_module),
                                          "global" if self.global_pruning else "layer")  # fmt: skip
+            if first:
+                rewrap_ddp(trainer)  # parametrizing re-sets the weights: DDP's gradient hooks must be registered anew
         self.steps_done += len(due)
         self.applied = target
         self.last_summary = summary
