@@ -102,5 +102,7 @@ def test_compat_ddp_and_optimizer_setup_names():
 
     for name in ("_setup_model", "_register_ddp_hooks"):
         assert callable(getattr(DDPStrategy, name, None)), f"DDPStrategy.{name} moved: ddp_wrap_again must follow"
-    optimizers, configs = _compat.init_optimizers_and_schedulers(_Tiny())
+    model = _Tiny()
+    quiet_trainer(max_steps=1).fit(model, _loader())  # attached to a trainer, as during a fit
+    optimizers, configs = _compat.init_optimizers_and_schedulers(model)
     assert len(optimizers) == 1 and configs == [], "_init_optimizers_and_lr_schedulers changed its return value"
