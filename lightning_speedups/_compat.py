@@ -186,13 +186,14 @@ def tp_scope_channels(pruner: Any) -> dict[str, int]:
 
 # --- batch size finder / LR finder ---------------------------------------------------------------------------------
 # Used by callbacks/batch_size.py, callbacks/_batch_size_trials.py, functional/batch_size.py and optim/lr_curve.py.
-# Each is checked by tests/test_compat.py against the installed Lightning.
+# Each is checked by tests/test_compat.py against the installed versions. The version in each docstring is the one
+# it was checked on (Lightning 2.6.6); the older releases pyproject.toml allows were not at hand to try.
 
 
 def fit_source_instance(trainer: Any) -> Any:
     """What ``fit`` was given for training data: the datamodule / module, or the loader(s) passed to ``fit``.
 
-    Relies on: ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``, 2.0 - 2.6) and its ``instance`` attribute.
+    Relies on: ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``, 2.6) and its ``instance`` attribute.
     """
     return trainer.fit_loop._data_source.instance
 
@@ -200,7 +201,7 @@ def fit_source_instance(trainer: Any) -> Any:
 def fit_source_is_module(trainer: Any) -> bool:
     """True when the training data comes from a ``train_dataloader()`` hook (datamodule or module), not from loaders.
 
-    Relies on: ``trainer.fit_loop._data_source.is_module()`` (2.0 - 2.6).
+    Relies on: ``trainer.fit_loop._data_source.is_module()`` (2.6).
     """
     return bool(trainer.fit_loop._data_source.is_module())
 
@@ -209,7 +210,7 @@ def set_fit_train_loader(trainer: Any, loader: Any) -> None:
     """Make ``loader`` the training data of the running ``fit`` (in place of the loader passed to ``fit``).
 
     Relies on: ``trainer.fit_loop._data_source.instance`` being read again by ``dataloader()`` and by
-    ``fit_loop.setup_data()`` (2.0 - 2.6).
+    ``fit_loop.setup_data()`` (2.6).
     """
     trainer.fit_loop._data_source.instance = loader
 
@@ -217,7 +218,7 @@ def set_fit_train_loader(trainer: Any, loader: Any) -> None:
 def fit_source_dataloader(trainer: Any) -> Any:
     """Build the training dataloader now, as the fit loop would (calls ``train_dataloader()`` when it is a hook).
 
-    Relies on: ``trainer.fit_loop._data_source.dataloader()`` (2.0 - 2.6).
+    Relies on: ``trainer.fit_loop._data_source.dataloader()`` (2.6).
     """
     return trainer.fit_loop._data_source.dataloader()
 
@@ -227,7 +228,7 @@ def reload_train_dataloader(trainer: Any) -> None:
 
     Relies on: ``fit_loop._data_fetcher`` (``teardown()``), ``fit_loop._combined_loader`` (reset to ``None`` so
     ``fit_loop.setup_data()`` builds it again, then ``.flattened``) and
-    ``lightning.fabric.utilities.data._set_sampler_epoch(dataloader, epoch)`` (2.0 - 2.6), which the fit loop calls
+    ``lightning.fabric.utilities.data._set_sampler_epoch(dataloader, epoch)`` (2.6), which the fit loop calls
     at every epoch start so a ``DistributedSampler`` shuffles per epoch.
     """
     from lightning.fabric.utilities.data import _set_sampler_epoch
@@ -244,7 +245,7 @@ def reload_train_dataloader(trainer: Any) -> None:
 def no_gradient_sync(strategy: Any) -> Any:
     """A context manager in which backward passes do not all-reduce gradients across ranks (DDP ``no_sync``).
 
-    Relies on: ``lightning.pytorch.loops.utilities._block_parallel_sync_behavior(strategy, block=True)`` (2.0 - 2.6),
+    Relies on: ``lightning.pytorch.loops.utilities._block_parallel_sync_behavior(strategy, block=True)`` (2.6),
     what Lightning itself uses for gradient accumulation; a no-op for single-device strategies.
     """
     from lightning.pytorch.loops.utilities import _block_parallel_sync_behavior
@@ -256,7 +257,7 @@ def replace_training_results(trainer: Any) -> Any:
     """Send ``self.log`` calls of training steps to a fresh, throw-away collection; return the one in use.
 
     Relies on: ``trainer.fit_loop.epoch_loop._results``, a ``_ResultCollection(training=True)`` from
-    ``lightning.pytorch.trainer.connectors.logger_connector.result`` (2.0 - 2.6). Put it back with
+    ``lightning.pytorch.trainer.connectors.logger_connector.result`` (2.6). Put it back with
     :func:`restore_training_results`.
     """
     from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
@@ -270,7 +271,7 @@ def replace_training_results(trainer: Any) -> Any:
 def restore_training_results(trainer: Any, previous: Any) -> None:
     """Put back the collection :func:`replace_training_results` returned.
 
-    Relies on: ``trainer.fit_loop.epoch_loop._results`` (2.0 - 2.6).
+    Relies on: ``trainer.fit_loop.epoch_loop._results`` (2.6).
     """
     trainer.fit_loop.epoch_loop._results = previous
 
@@ -278,7 +279,7 @@ def restore_training_results(trainer: Any, previous: Any) -> None:
 def set_results_batch(trainer: Any, batch: Any) -> None:
     """Tell the training results which batch is running (``self.log`` infers ``batch_size`` from it).
 
-    Relies on: ``trainer.fit_loop.epoch_loop._results.batch`` (2.0 - 2.6), set by the training loop before each step.
+    Relies on: ``trainer.fit_loop.epoch_loop._results.batch`` (2.6), set by the training loop before each step.
     """
     trainer.fit_loop.epoch_loop._results.batch = batch
 
@@ -286,7 +287,7 @@ def set_results_batch(trainer: Any, batch: Any) -> None:
 def before_batch_transfer(pl_module: Any, batch: Any, dataloader_idx: int = 0) -> Any:
     """Run the ``on_before_batch_transfer`` hooks (datamodule, then module) on ``batch``, as the fit loop does.
 
-    Relies on: ``LightningModule._on_before_batch_transfer(batch, dataloader_idx)`` (2.0 - 2.6).
+    Relies on: ``LightningModule._on_before_batch_transfer(batch, dataloader_idx)`` (2.6).
     """
     return pl_module._on_before_batch_transfer(batch, dataloader_idx=dataloader_idx)
 
@@ -294,7 +295,7 @@ def before_batch_transfer(pl_module: Any, batch: Any, dataloader_idx: int = 0) -
 def strategy_training_step(trainer: Any, batch: Any, batch_idx: int) -> Any:
     """Call ``training_step`` through the strategy (DDP wrapper, precision context), as the fit loop does.
 
-    Relies on: ``lightning.pytorch.trainer.call._call_strategy_hook(trainer, "training_step", *args)`` (2.0 - 2.6).
+    Relies on: ``lightning.pytorch.trainer.call._call_strategy_hook(trainer, "training_step", *args)`` (2.6).
     """
     from lightning.pytorch.trainer import call
 
@@ -304,7 +305,7 @@ def strategy_training_step(trainer: Any, batch: Any, batch_idx: int) -> Any:
 def tuner_exit() -> BaseException:
     """The exception that ends ``trainer.fit`` quietly after a tuning search (raise it from a hook).
 
-    Relies on: ``lightning.pytorch.utilities.exceptions._TunerExitException`` (2.0 - 2.6), which the trainer catches
+    Relies on: ``lightning.pytorch.utilities.exceptions._TunerExitException`` (2.6), which the trainer catches
     and turns into a normal teardown, as Lightning's own ``BatchSizeFinder`` and ``LearningRateFinder`` do.
     """
     from lightning.pytorch.utilities.exceptions import _TunerExitException
@@ -315,7 +316,7 @@ def tuner_exit() -> BaseException:
 def collect_rng_states(include_cuda: bool) -> dict[str, Any]:
     """The state of every random generator Lightning seeds (torch, CUDA, numpy, python).
 
-    Relies on: ``lightning.fabric.utilities.seed._collect_rng_states(include_cuda)`` (2.0 - 2.6); undo with
+    Relies on: ``lightning.fabric.utilities.seed._collect_rng_states(include_cuda)`` (2.6); undo with
     :func:`restore_rng_states`.
     """
     from lightning.fabric.utilities.seed import _collect_rng_states
@@ -326,7 +327,7 @@ def collect_rng_states(include_cuda: bool) -> dict[str, Any]:
 def restore_rng_states(states: dict[str, Any]) -> None:
     """Put back states from :func:`collect_rng_states`.
 
-    Relies on: ``lightning.fabric.utilities.seed._set_rng_states(rng_state_dict)`` (2.0 - 2.6).
+    Relies on: ``lightning.fabric.utilities.seed._set_rng_states(rng_state_dict)`` (2.6).
     """
     from lightning.fabric.utilities.seed import _set_rng_states
 
@@ -337,7 +338,7 @@ def metric_state(metric: Any) -> tuple[dict[str, Any], Any, Any]:
     """A torchmetrics ``Metric``'s accumulated state: ``({state name: value}, update count, cached compute)``.
 
     Relies on: torchmetrics ``Metric._defaults`` (the names given to ``add_state``), ``_update_count`` and
-    ``_computed`` (torchmetrics 1.x). The values are the live objects: copy them before changing the metric.
+    ``_computed`` (torchmetrics 1.9). The values are the live objects: copy them before changing the metric.
     """
     names = list(getattr(metric, "_defaults", {}))
     return (
@@ -350,7 +351,7 @@ def metric_state(metric: Any) -> tuple[dict[str, Any], Any, Any]:
 def restore_metric_state(metric: Any, states: dict[str, Any], update_count: Any, computed: Any) -> None:
     """Put back what :func:`metric_state` returned (values already on the right device).
 
-    Relies on: torchmetrics ``Metric._update_count`` and ``_computed`` (torchmetrics 1.x); states are plain attributes.
+    Relies on: torchmetrics ``Metric._update_count`` and ``_computed`` (torchmetrics 1.9); states are plain attributes.
     """
     for name, value in states.items():
         setattr(metric, name, value)
@@ -362,7 +363,7 @@ def restore_metric_state(metric: Any, states: dict[str, Any], update_count: Any,
 def refresh_scheduler_last_lr(scheduler: Any) -> None:
     """Make ``scheduler.get_last_lr()`` report the optimizer's current learning rates (after rescaling them).
 
-    Relies on: torch ``LRScheduler._last_lr`` (torch 2.x), the list ``get_last_lr()`` returns; schedulers without it
+    Relies on: torch ``LRScheduler._last_lr`` (torch 2.14), the list ``get_last_lr()`` returns; schedulers without it
     (``ReduceLROnPlateau`` before torch 2.2) are left alone.
     """
     if hasattr(scheduler, "_last_lr"):
@@ -373,7 +374,7 @@ def lr_finder_suggestion(xs: list[float], losses: list[float], skip_begin: int, 
     """Lightning's steepest-descent LR suggestion on a curve ``(xs, losses)``: the ``xs`` point, or ``None``.
 
     Relies on: ``lightning.pytorch.tuner.lr_finder._LRFinder(mode, lr_min, lr_max, num_training)``, its ``results``
-    dict (``"lr"``, ``"loss"``) and ``suggestion(skip_begin, skip_end)`` (2.0 - 2.6), which returns the ``"lr"`` entry
+    dict (``"lr"``, ``"loss"``) and ``suggestion(skip_begin, skip_end)`` (2.6), which returns the ``"lr"`` entry
     at the most negative gradient of the loss. ``xs`` need not be learning rates (log(lr) works, as fastai does).
     """
     from lightning.pytorch.tuner.lr_finder import _LRFinder
@@ -386,7 +387,7 @@ def lr_finder_suggestion(xs: list[float], losses: list[float], skip_begin: int, 
 def undo_lr_find_debias(losses: list[float], beta: float = 0.98) -> list[float]:
     """Undo an off-by-one in the smoothed losses of Lightning's LR range test.
 
-    Relies on: ``lightning.pytorch.tuner.lr_finder._LRCallback.on_train_batch_end`` (2.0 - 2.6), which divides the
+    Relies on: ``lightning.pytorch.tuner.lr_finder._LRCallback.on_train_batch_end`` (2.6), which divides the
     running average by ``1 - beta ** (global_step + 1)`` after the optimizer step has already incremented
     ``global_step``, so point ``k`` is scaled by ``(1 - b**(k+1)) / (1 - b**(k+2))``: the first point reads half the
     true loss, which fools the ``minimum`` rule. Valid for a test that starts at step 0 (as ``suggest_lr`` and the
