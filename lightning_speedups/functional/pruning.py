@@ -38,6 +38,7 @@ from lightning_speedups.functional._prune_common import (
 )
 from lightning_speedups.functional._prune_groups import attention_modules, blame_module, safe_attention_roots
 from lightning_speedups.functional._pruned_records import (
+    RECORD_KEY,
     apply_pruned_structure,
     load_pruned,
     pruned_structure_record,
@@ -46,6 +47,7 @@ from lightning_speedups.functional._pruned_records import (
 
 __all__ = [
     "DEFAULT_GRAPH_BUDGET",
+    "RECORD_KEY",
     "PruningSummary",
     "SparsityReport",
     "STRUCTURED_IMPORTANCES",
