@@ -1,24 +1,19 @@
-"""The zoo's cells (architecture x technique), the table of expected outcomes, and the three checks of a cell.
+"""The zoo's cells (architecture x technique) and the three checks of a cell.
 
-A cell either **works** or is **refused**:
+A cell either **works** or is **refused** (the table in ``tests/zoo/techniques.py`` says which):
 
-- works: 2 epochs train on CPU with a ``ModelCheckpoint`` every epoch; the final checkpoint reloaded into a fresh model
-  with ``lightning_speedups.load_checkpoint`` gives the trained model's outputs; a fresh model resumed from the epoch-1
-  checkpoint ends with the uninterrupted run's weights.
+- works: 2 epochs train on CPU with a ``ModelCheckpoint`` every epoch and the technique visibly acts; the final
+  checkpoint reloaded into a fresh model with ``lightning_speedups.load_checkpoint`` gives the trained model's outputs;
+  a fresh model resumed from the epoch-1 checkpoint ends with the uninterrupted run's weights.
 - refused: ``setup()`` raises :class:`~lightning_speedups.SpeedupConfigError` whose message matches the table's regex
   (and names the module where the reason is the model), before any training step, with the model unchanged.
-
-:data:`EXPECTED` is the one table of expected outcomes; a cell it does not list is expected to work, so a technique
-registered tomorrow is covered (and expected to work everywhere) the day it is added.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,148 +23,15 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lightning_speedups as ls
-from lightning_speedups import SpeedupConfigError, get_technique, list_techniques
+from lightning_speedups import SpeedupConfigError
 from tests.zoo.models import ARCHS, build
+from tests.zoo.techniques import EFFECTS, TECHNIQUES, Refused, Technique, expected, param_count
 
-__all__ = ["CELLS", "EXPECTED", "TECHNIQUES", "Cell", "Technique", "expected", "fit_cell", "reload_check",
-           "resume_check", "quantize_check", "RESULTS"]  # fmt: skip
+__all__ = ["CELLS", "RESULTS", "Cell", "FitRecord", "cleanup", "fit_cell", "quantize_check", "record",
+           "reload_check", "resume_check"]  # fmt: skip
 
 MAX_EPOCHS = 2
 ATOL, RTOL = 1e-5, 1e-4
-
-
-# ---------------------------------------------------------------------------------------------------- techniques
-@dataclass(frozen=True)
-class Technique:
-    """One zoo column: ``callbacks()`` builds fresh callbacks for one fit (``None`` for the functional column)."""
-
-    name: str
-    callbacks: Callable[[], list[Callback]] | None
-    needs: tuple[str, ...] = ()
-    archs: tuple[str, ...] | None = None  # only these rows (slow techniques); None = every row
-    slow: bool = False
-    note: str = ""
-
-
-# kwargs merged over a registered technique's `example_kwargs` for the zoo (keep each cell cheap)
-ZOO_KWARGS: dict[str, dict[str, Any]] = {}
-# torch.compile with the registry's cheap backend="eager" (dynamo capture only) costs a few seconds per row, so every
-# row runs it; the cells are marked slow so `-m "not slow"` leaves them out
-COMPILE_ARCHS: tuple[str, ...] | None = None
-
-
-def _registered() -> list[Technique]:
-    out = []
-    for name in list_techniques():
-        info = get_technique(name)
-        if info.callback is None:
-            continue
-        kwargs = {**info.example_kwargs, **ZOO_KWARGS.get(name, {})}
-
-        def make(cls: type = info.callback, kw: dict[str, Any] = kwargs) -> list[Callback]:
-            return [cls(**kw)]
-
-        if name == "compile":
-            out.append(Technique(name, make, info.needs, archs=COMPILE_ARCHS, slow=True))
-        else:
-            out.append(Technique(name, make, info.needs))
-    return out
-
-
-def _techniques() -> dict[str, Technique]:
-    techs = [Technique("baseline", lambda: [], note="no technique: the control column")]
-    techs += _registered()
-    techs.append(Technique("pruning_mask", lambda: [ls.Pruning(mode="unstructured", amount=0.5, start_epoch=0)],
-                           ("torch_pruning",), note="Pruning(mode='unstructured')"))  # fmt: skip
-    techs.append(Technique("quantize_for_inference", None, note="functional: int8 copy of the model"))
-    return {t.name: t for t in techs}
-
-
-TECHNIQUES: dict[str, Technique] = _techniques()
-
-
-# ---------------------------------------------------------------------------------------------------- expectations
-@dataclass(frozen=True)
-class Refused:
-    """Expected refusal: ``pattern`` must match the message; ``names_module``: it must name the model too."""
-
-    pattern: str
-    names_module: bool = True
-
-    def __str__(self) -> str:
-        return f"refused: {self.pattern}"
-
-
-WORKS = "works"
-_NO_CONV = ("bert", "bert_mixin", "boring", "lightning_transformer")
-_NO_LR_ATTR = ("boring", "lightning_transformer")  # Lightning's demos hard-code lr=0.1 in configure_optimizers
-_NO_HEAD = ("boring", "lightning_transformer")  # no submodule named fc / classifier / head(s)
-
-# (arch, technique) -> WORKS | Refused(...); "*" matches any arch or technique. Unlisted cells are expected to work.
-EXPECTED: dict[tuple[str, str], str | Refused] = {
-    # float8 matmuls need CUDA compute capability >= 8.9; the zoo trains with accelerator="cpu"
-    ("*", "float8"): Refused(r"(?i)float8.*(CUDA|GPU)", names_module=False),
-    **{(a, "channels_last"): Refused(r"(?i)conv") for a in _NO_CONV},
-    **{(a, "lr_finder"): Refused(r"(?i)learning rate") for a in _NO_LR_ATTR},
-    **{(a, "finetune"): Refused(r"(?i)head|backbone") for a in _NO_HEAD},
-    # BoringModel's only layer is its output layer, which pruning never touches: nothing left to prune
-    ("boring", "pruning"): Refused(r"(?i)prun"),
-    ("boring", "pruning_mask"): Refused(r"(?i)prun"),
-}
-
-
-def expected(arch: str, tech: str) -> str | Refused:
-    for key in ((arch, tech), (arch, "*"), ("*", tech)):
-        if key in EXPECTED:
-            return EXPECTED[key]
-    return WORKS
-
-
-# ---------------------------------------------------------------------------------------------------- effects
-def _param_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def _effect_pruning(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
-    after = _param_count(model)
-    return None if after < dense else f"structured pruning left {after:,} of {dense:,} parameters"
-
-
-def _effect_mask(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
-    zeros = sum(int((p == 0).sum()) for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1)
-    return None if zeros > 0 else "mask pruning left no zero weight"
-
-
-def _effect_qat(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
-    fake = [n for n, m in model.named_modules() if "FakeQuant" in type(m).__name__]
-    return None if fake else "no fake-quantized layer in the trained model"
-
-
-def _effect_channels_last(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
-    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4]
-    nhwc = [m for m in convs if m.weight.is_contiguous(memory_format=torch.channels_last)]
-    return None if nhwc else f"none of {len(convs)} conv weights is channels_last"
-
-
-def _effect_attr(attr: str, what: str) -> Callable[[torch.nn.Module, list[Callback], int], str | None]:
-    def check(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
-        return None if getattr(cbs[0], attr, None) else f"{type(cbs[0]).__name__}.{attr} is empty: {what}"
-
-    return check
-
-
-# what a working technique must have done to the trained model (catches silent no-ops); unlisted: nothing checked
-EFFECTS: dict[str, Callable[[torch.nn.Module, list[Callback], int], str | None]] = {
-    "pruning": _effect_pruning,
-    "pruning_mask": _effect_mask,
-    "qat": _effect_qat,
-    "channels_last": _effect_channels_last,
-    "compile": _effect_attr("compiled_calls", "no call went through the compiled module"),
-    "lr_finder": _effect_attr("result", "the range test did not run"),
-    "batch_size_finder": _effect_attr("result", "no batch size search ran"),
-    "advisor": _effect_attr("report", "no report"),
-    "finetune": _effect_attr("groups", "no layer group was frozen"),
-}
 
 
 # ---------------------------------------------------------------------------------------------------- cells
@@ -203,20 +65,6 @@ def record(cell: Cell, check: str, status: str, **extra: Any) -> None:
     entry = RESULTS.setdefault(cell.id, {"arch": cell.arch, "tech": cell.tech, "checks": {}})
     entry["checks"][check] = status
     entry.update(extra)
-
-
-def missing_needs(tech: Technique) -> list[str]:
-    out = []
-    for need in tech.needs:
-        if need == "cuda_sm89":
-            continue  # float8: the zoo checks its CPU refusal instead of skipping
-        if need == "cuda":
-            ok = torch.cuda.is_available()
-        else:
-            ok = importlib.util.find_spec(need) is not None
-        if not ok:
-            out.append(need)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- running a fit
@@ -298,7 +146,7 @@ def fit_cell(cell: Cell, root: Path) -> FitRecord:
     L.seed_everything(0, verbose=False)
     model = build(cell.arch, seed=0)
     before = _snapshot(model)
-    dense = _param_count(model)
+    dense = param_count(model)
     callbacks = cell.technique.callbacks()  # type: ignore[misc]
     trainer = make_trainer(callbacks, root / "run")
     want = cell.expected

@@ -77,12 +77,18 @@ def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("LS_ZOO_RESULTS")
     if not path:
         return
-    from tests.zoo.cells import CELLS, RESULTS, TECHNIQUES, expected
+    from tests.zoo.cells import CELLS, RESULTS
     from tests.zoo.models import ARCHS
+    from tests.zoo.techniques import TECHNIQUES, expected
 
     ids = {c.id: c for c in CELLS}
     for cid, entry in RESULTS.items():
         if cid in ids:
             entry.update(arch=ids[cid].arch, tech=ids[cid].tech, expected=str(expected(ids[cid].arch, ids[cid].tech)))
-    out = {"archs": [[a.name, a.source] for a in ARCHS.values()], "techs": list(TECHNIQUES), "cells": RESULTS}
+    out = {
+        "archs": [[a.name, a.source] for a in ARCHS.values()],
+        "techs": [[t.name, t.note] for t in TECHNIQUES.values() if not t.combo],
+        "combos": [[t.name, list(t.archs or ARCHS)] for t in TECHNIQUES.values() if t.combo],
+        "cells": RESULTS,
+    }
     Path(path).write_text(json.dumps(out, indent=1, sort_keys=True))

@@ -74,13 +74,24 @@ def cell_text(entry: dict[str, Any] | None) -> str:
 def render(results: dict[str, Any]) -> str:
     cells: dict[str, Any] = results["cells"]
     archs = dict(results["archs"])  # [[name, source], ...] in the zoo's order
-    techs: list[str] = results.get("techs") or sorted({e["tech"] for e in cells.values() if "tech" in e})
+    notes = dict(results.get("techs") or [])  # [[name, what the column runs], ...]
+    techs = list(notes) or sorted({e["tech"] for e in cells.values() if "tech" in e})
     by_key = {(e.get("arch"), e.get("tech")): e for e in cells.values()}
     lines = ["| architecture | " + " | ".join(f"`{t}`" for t in techs) + " |",
              "|---|" + "---|" * len(techs)]  # fmt: skip
     for arch, source in archs.items():
         row = [cell_text(by_key.get((arch, t))) for t in techs]
         lines.append(f"| `{arch}`: {source} | " + " | ".join(row) + " |")
+    legend = [f"- `{t}`: {notes[t]}" for t in techs if notes.get(t)]
+    lines += [""] + legend if legend else []
+    combos = results.get("combos") or []  # [[name, [archs]], ...]: several techniques in one fit, a few rows
+    if combos:
+        rows = [a for a in archs if any(a in c_archs for _, c_archs in combos)]
+        header = "| architecture | " + " | ".join(f"`{c}`" for c, _ in combos) + " |"
+        lines += ["", "Techniques combined in one fit:", "", header, "|---|" + "---|" * len(combos)]
+        for arch in rows:
+            row = [cell_text(by_key.get((arch, c))) if arch in c_archs else "-" for c, c_archs in combos]
+            lines.append(f"| `{arch}` | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 

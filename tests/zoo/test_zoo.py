@@ -21,12 +21,12 @@ from tests.zoo.cells import (
     FitRecord,
     cleanup,
     fit_cell,
-    missing_needs,
     quantize_check,
     record,
     reload_check,
     resume_check,
 )
+from tests.zoo.techniques import missing_needs
 
 pytestmark = [
     pytest.mark.zoo,

@@ -1,0 +1,260 @@
+"""The zoo's columns (techniques), the one table of expected outcomes, and what each technique must visibly do.
+
+Columns are every technique registered with a callback (built from its ``example_kwargs``), a no-technique control,
+variants that exercise harder paths (mask pruning, pruning and gradual unfreezing in the middle of a run) and the
+functional ``quantize_for_inference``.
+
+:data:`EXPECTED` maps ``(arch, technique)`` to ``"works"`` or :class:`Refused` (``"*"`` matches any row or column); an
+unlisted cell is expected to work, so a technique registered tomorrow is covered, and expected to work everywhere, the
+day it is added. To change what the suite demands of a cell, change this table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+import lightning_speedups as ls
+from lightning_speedups import get_technique, list_techniques
+
+__all__ = ["EFFECTS", "EXPECTED", "TECHNIQUES", "WORKS", "Refused", "Technique", "expected", "missing_needs",
+           "param_count"]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------- techniques
+@dataclass(frozen=True)
+class Technique:
+    """One zoo column: ``callbacks()`` builds fresh callbacks for one fit (``None`` for the functional column)."""
+
+    name: str
+    callbacks: Callable[[], list[Callback]] | None
+    needs: tuple[str, ...] = ()
+    archs: tuple[str, ...] | None = None  # only these rows (slow techniques); None = every row
+    slow: bool = False
+    note: str = ""
+    variant_of: str | None = None  # a variant is expected to behave like its base column unless EXPECTED says more
+    combo: bool = False  # several techniques in one fit (a separate table in the README)
+
+
+# kwargs merged over a registered technique's `example_kwargs` for the zoo (keep each cell cheap)
+ZOO_KWARGS: dict[str, dict[str, Any]] = {}
+# torch.compile with the registry's cheap backend="eager" (dynamo capture only) costs a few seconds per row, so every
+# row runs it; the cells are marked slow so `-m "not slow"` leaves them out
+COMPILE_ARCHS: tuple[str, ...] | None = None
+
+
+def _registered() -> list[Technique]:
+    out = []
+    for name in list_techniques():
+        info = get_technique(name)
+        if info.callback is None:
+            continue
+        kwargs = {**info.example_kwargs, **ZOO_KWARGS.get(name, {})}
+
+        def make(cls: type = info.callback, kw: dict[str, Any] = kwargs) -> list[Callback]:
+            return [cls(**kw)]
+
+        note = f"{info.callback.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+        if name == "compile":
+            out.append(Technique(name, make, info.needs, archs=COMPILE_ARCHS, slow=True, note=note))
+        else:
+            out.append(Technique(name, make, info.needs, note=note))
+    return out
+
+
+def _variant(name: str, base: str, make: Callable[[], Callback], note: str) -> Technique:
+    return Technique(name, lambda: [make()], get_technique(base).needs, note=note, variant_of=base)
+
+
+def _techniques() -> dict[str, Technique]:
+    techs = [Technique("baseline", lambda: [], note="no technique (the control column)")]
+    techs += _registered()
+    techs += [
+        # mask pruning: torch.nn.utils.prune masks, clean weights in checkpoints, masks in the callback state
+        _variant("pruning_mask", "pruning", lambda: ls.Pruning(mode="unstructured", amount=0.5, start_epoch=0),
+                 "Pruning(mode='unstructured', amount=0.5, start_epoch=0)"),
+        # structural pruning after an epoch of training: optimizer state carried over, resume prunes the dense model
+        _variant("pruning_epoch1", "pruning", lambda: ls.Pruning(amount=0.5, start_epoch=1),
+                 "Pruning(amount=0.5, start_epoch=1)"),
+        # gradual unfreezing with discriminative learning rates: optimizer groups split (or built by the mixin)
+        _variant("finetune_gradual", "finetune",
+                 lambda: ls.FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False),
+                 "FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5)"),
+    ]  # fmt: skip
+    techs.append(Technique("quantize_for_inference", None, note="quantize_for_inference(model, inputs) (functional)"))
+    techs += _combinations()
+    return {t.name: t for t in techs}
+
+
+# techniques used together, on a few rows (plain and mixin modules, a CNN, a ViT, BERT); each callback as in its column
+COMBO_ARCHS = ("resnet18", "vit", "bert", "resnet18_mixin")
+
+
+def _combinations() -> list[Technique]:
+    def prune() -> Callback:
+        return ls.Pruning(amount=0.5, start_epoch=0)
+
+    def registered(name: str) -> Callback:
+        info = get_technique(name)
+        return info.callback(**info.example_kwargs)  # type: ignore[misc]
+
+    combos: dict[str, Callable[[], list[Callback]]] = {
+        "compile+pruning": lambda: [registered("compile"), prune()],
+        "finetune_gradual+pruning": lambda: [
+            ls.FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False),
+            prune(),
+        ],
+        "batch_size_finder+lr_finder": lambda: [registered("batch_size_finder"), registered("lr_finder")],
+        "pruning+qat": lambda: [prune(), registered("qat")],
+    }
+    return [
+        Technique(name, make, ("torch_pruning", "torchao"), archs=COMBO_ARCHS, slow=name.startswith("compile"),
+                  note=" + ".join(name.split("+")), combo=True)
+        for name, make in combos.items()
+    ]  # fmt: skip
+
+
+TECHNIQUES: dict[str, Technique] = _techniques()
+
+
+# ---------------------------------------------------------------------------------------------------- expectations
+@dataclass(frozen=True)
+class Refused:
+    """Expected refusal: ``pattern`` must match the message; ``names_module``: it must name the model too."""
+
+    pattern: str
+    names_module: bool = True
+
+    def __str__(self) -> str:
+        return f"refused: {self.pattern}"
+
+
+WORKS = "works"
+_NO_CONV = ("bert", "bert_mixin", "boring", "lightning_transformer")
+_NO_LR_ATTR = ("boring", "lightning_transformer")  # Lightning's demos hard-code lr=0.1 in configure_optimizers
+_NO_HEAD = ("boring", "lightning_transformer")  # no submodule named fc / classifier / head(s)
+
+# (arch, technique) -> WORKS | Refused(...); "*" matches any arch or technique. Unlisted cells are expected to work.
+EXPECTED: dict[tuple[str, str], str | Refused] = {
+    # float8 matmuls need CUDA compute capability >= 8.9; the zoo trains with accelerator="cpu"
+    ("*", "float8"): Refused(r"(?i)float8.*(CUDA|GPU)", names_module=False),
+    **{(a, "channels_last"): Refused(r"(?i)conv") for a in _NO_CONV},
+    **{(a, "lr_finder"): Refused(r"(?i)learning rate") for a in _NO_LR_ATTR},
+    **{(a, "finetune"): Refused(r"(?i)head|backbone") for a in _NO_HEAD},
+    # BoringModel's only layer is its output layer, which pruning never touches: nothing left to prune
+    ("boring", "pruning"): Refused(r"(?i)prun"),
+}
+
+
+def expected(arch: str, tech: str) -> str | Refused:
+    """The expected outcome of a cell: its own entry, else its row's or column's, else its base column's."""
+    for key in ((arch, tech), (arch, "*"), ("*", tech)):
+        if key in EXPECTED:
+            return EXPECTED[key]
+    base = TECHNIQUES[tech].variant_of if tech in TECHNIQUES else None
+    return expected(arch, base) if base else WORKS
+
+
+# ---------------------------------------------------------------------------------------------------- effects
+def param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _effect_pruning(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    after = param_count(model)
+    return None if after < dense else f"structured pruning left {after:,} of {dense:,} parameters"
+
+
+def _effect_mask(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    zeros = sum(int((p == 0).sum()) for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1)
+    return None if zeros > 0 else "mask pruning left no zero weight"
+
+
+def _effect_qat(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    fake = [n for n, m in model.named_modules() if "FakeQuant" in type(m).__name__]
+    return None if fake else "no fake-quantized layer in the trained model"
+
+
+def _effect_channels_last(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4]
+    nhwc = [m for m in convs if m.weight.is_contiguous(memory_format=torch.channels_last)]
+    return None if nhwc else f"none of {len(convs)} conv weights is channels_last"
+
+
+Effect = Callable[[torch.nn.Module, list[Callback], int], "str | None"]
+
+
+def _find(cbs: list[Callback], cls: type) -> Any:
+    return next(cb for cb in cbs if isinstance(cb, cls))
+
+
+def _effect_attr(cls: type, attr: str, what: str) -> Effect:
+    def check(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+        return None if getattr(_find(cbs, cls), attr, None) else f"{cls.__name__}.{attr} is empty: {what}"
+
+    return check
+
+
+def _effect_batch_size(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    finder = _find(cbs, ls.ThroughputBatchSizeFinder)
+    if finder.result is None:
+        return "ThroughputBatchSizeFinder.result is empty: no batch size search ran"
+    used = model.trainer.train_dataloader.batch_size  # type: ignore[union-attr]
+    if used != finder.result.chosen:
+        return f"it chose batch size {finder.result.chosen}, but the fit trained with batches of {used}"
+    return None
+
+
+def _effect_lr_decay(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    problem = _effect_attr(ls.FineTuneFreezing, "unfrozen", "no layer group was unfrozen at epoch 1")(model, cbs, dense)
+    lrs = {round(g["lr"], 12) for opt in model.trainer.optimizers for g in opt.param_groups}  # type: ignore[union-attr]
+    if problem is None and len(lrs) < 2:
+        problem = f"lr_decay=0.5, but every optimizer param group trains at the same lr {sorted(lrs)}"
+    return problem
+
+
+def _all(*effects: Effect) -> Effect:
+    def check(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+        return "; ".join(p for e in effects if (p := e(model, cbs, dense))) or None
+
+    return check
+
+
+# what a working technique must have done to the trained model (catches silent no-ops); unlisted: nothing checked
+EFFECTS: dict[str, Effect] = {
+    "pruning": _effect_pruning,
+    "pruning_mask": _effect_mask,
+    "pruning_epoch1": _effect_pruning,
+    "qat": _effect_qat,
+    "channels_last": _effect_channels_last,
+    "compile": _effect_attr(ls.TorchCompile, "compiled_calls", "no call went through the compiled module"),
+    "lr_finder": _effect_attr(ls.LRFinder, "result", "the range test did not run"),
+    "batch_size_finder": _effect_batch_size,
+    "advisor": _effect_attr(ls.SpeedAdvisor, "report", "no report"),
+    "finetune": _effect_attr(ls.FineTuneFreezing, "groups", "no layer group was frozen"),
+    "finetune_gradual": _effect_lr_decay,
+    # combinations
+    "compile+pruning": _all(_effect_pruning, _effect_attr(ls.TorchCompile, "compiled_calls", "nothing compiled")),
+    "finetune_gradual+pruning": _all(_effect_pruning, _effect_lr_decay),
+    "batch_size_finder+lr_finder": _all(_effect_batch_size, _effect_attr(ls.LRFinder, "result", "no range test")),
+    "pruning+qat": _all(_effect_pruning, _effect_qat),
+}
+
+
+def missing_needs(tech: Technique) -> list[str]:
+    out = []
+    for need in tech.needs:
+        if need == "cuda_sm89":
+            continue  # float8: the zoo checks its CPU refusal instead of skipping
+        if need == "cuda":
+            ok = torch.cuda.is_available()
+        else:
+            ok = importlib.util.find_spec(need) is not None
+        if not ok:
+            out.append(need)
+    return out
