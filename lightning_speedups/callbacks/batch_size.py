@@ -61,8 +61,9 @@ class ThroughputBatchSizeFinder(Callback):
 
     Args:
         mode: ``"throughput"`` (default), ``"max_fit"`` or ``"sweep"``; see :class:`BatchSizeSearchConfig`.
-        init_val, max_val, steps_per_trial, warmup_steps, trial_samples, trial_time, min_gain, patience,
-            early_plateau, refine_steps, memory_budget, max_trials: see
+        init_val, max_val, steps_per_trial, warmup_steps, trial_samples, trial_time: see
+            :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
+        min_gain, patience, early_plateau, refine_steps, memory_budget, max_trials: see
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         scale_lr: ``"linear"`` | ``"sqrt"`` | ``None``: rescale learning rates (optimizer groups, scheduler base
             lrs, a SpeedupMixin's ``optimizer_config.lr``) from the old batch size to the chosen one.

@@ -97,7 +97,7 @@ class BatchAugment:
         padding_mode: ``"constant"``, ``"reflect"`` or ``"replicate"``.
         fill: constant padding value, in input units (before normalisation).
         hflip: probability of a horizontal flip, per sample.
-        mean / std: per-channel normalisation in [0, 1] units; both or neither.
+        mean, std: per-channel normalisation in [0, 1] units; both or neither.
         dtype: output dtype when normalising.
         seed: seed of the augmentation generator (``None``: global RNG).
         generator: an explicit ``torch.Generator`` (its device is where the random numbers are drawn).

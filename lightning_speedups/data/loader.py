@@ -110,7 +110,7 @@ class DeviceDataLoader:
             tensors are moved once, not per batch.
         transform: optional callable applied to each batch's inputs on the device (e.g. :class:`BatchAugment`).
         transform_index: which tensor ``transform`` is applied to.
-        rank / world_size: explicit sharding (both or neither); default: from ``torch.distributed``, else ``0, 1``.
+        rank, world_size: explicit sharding (both or neither); default: from ``torch.distributed``, else ``0, 1``.
 
     Raises:
         SpeedupConfigError: no tensors, tensors of different lengths, ``batch_size`` <= 0, a batch larger than a shard

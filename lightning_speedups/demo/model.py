@@ -63,7 +63,7 @@ class DemoClassifier(_ClassifierBase):
         num_classes: output classes.
         in_channels: image channels.
         width: channels of the first block (later blocks use 2x and 4x); compute grows with its square.
-        optimizer_config / scheduler_config: see :class:`SpeedupMixin` (default: Adam, lr 1e-3, constant).
+        optimizer_config, scheduler_config: see :class:`SpeedupMixin` (default: Adam, lr 1e-3, constant).
 
     Example::
 
