@@ -18,17 +18,24 @@ Example::
 from __future__ import annotations
 
 import copy
+import math
 import os
 import platform
+import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = [
+    "Comparison",
+    "compare",
+    "median_interval",
     "cpu_model",
     "interleaved_ratio",
     "interleaved_timings",
@@ -172,3 +179,173 @@ def make_train_step(
         return float(loss.detach())
 
     return step
+
+
+# ------------------------------------------------------------------------------------------------ decisions
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median (binomial order statistics).
+
+    With ``n`` samples the interval ``[x_(k), x_(n-k+1)]`` covers the true median with probability at least
+    ``confidence``; ``k`` comes from the Binomial(n, 1/2) tail. Too few samples give the full range ``[min, max]``.
+
+    Example::
+
+        >>> median_interval([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
+        (2.0, 9.0)
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    alpha, k, tail = (1.0 - confidence) / 2.0, 0, 0.0
+    while k < n // 2:  # largest k with P(Binomial(n, 1/2) <= k - 1) <= alpha
+        p = math.comb(n, k) / 2.0**n
+        if tail + p > alpha:
+            break
+        tail += p
+        k += 1
+    k = max(k, 1)
+    return (xs[k - 1], xs[n - k])
+
+
+@dataclass
+class Comparison:
+    """The evidence behind a decision by measurement: what won, by how much, and how sure.
+
+    ``ratios[name]`` is ``(low, median, high)`` of the per-round speed ratio baseline_time / candidate_time (> 1 =
+    candidate faster), with a ``confidence`` interval; ``separated`` says whether the winner's interval clears
+    ``1 + min_gain`` (or, when the baseline won, whether every candidate's interval is below it).
+    """
+
+    winner: str
+    baseline: str
+    medians: dict[str, float]
+    spread: dict[str, tuple[float, float]]  # min, max seconds per call
+    ratios: dict[str, tuple[float, float, float]]
+    trials: int
+    separated: bool
+    elapsed_s: float
+    note: str = ""
+    times: dict[str, list[float]] = field(default_factory=dict, repr=False)
+
+    @property
+    def gain(self) -> float:
+        """The winner's median speed ratio over the baseline (1.0 when the baseline won)."""
+        return 1.0 if self.winner == self.baseline else self.ratios[self.winner][1]
+
+
+def compare(
+    candidates: Mapping[str, Callable[[], Any]],
+    baseline: str,
+    *,
+    min_gain: float = 0.0,
+    budget_s: float = 5.0,
+    min_rounds: int = 5,
+    max_rounds: int = 200,
+    warmup: int = 1,
+    confidence: float = 0.95,
+    prefer: Sequence[str] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    seed: int = 0,
+) -> Comparison:
+    """Choose among timed callables so that the choice holds under noise.
+
+    Rounds run every candidate once, in a shuffled order (no position bias), after ``warmup`` untimed rounds. From
+    ``min_rounds`` on, each candidate's per-round speed ratio against ``baseline`` gets a confidence interval for its
+    median (:func:`median_interval`); rounds continue until every interval clears or misses ``1 + min_gain``, the
+    ``budget_s`` runs out, or ``max_rounds`` is reached. The winner is the fastest candidate whose interval clears
+    ``1 + min_gain``; candidates within noise of it are resolved by ``prefer`` (cheaper or more conservative first).
+    When no candidate clears, the baseline wins: the conservative choice, with a note saying the difference was
+    within noise when it was not clearly slower.
+
+    Args:
+        candidates: ``{name: callable}``, the baseline among them.
+        baseline: the name to beat (the current plan, or the unchanged model).
+        min_gain: the margin a candidate must clear (0.05 = at least 5% faster).
+        budget_s: wall time for the whole comparison (warm-up included), measured with ``clock``.
+        clock: seconds as a float; injectable so tests can feed noise models.
+
+    Raises:
+        SpeedupConfigError: a ``budget_s`` <= 0, an unknown ``baseline``, fewer than two candidates.
+    """
+    from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+
+    check_range("budget_s", budget_s, 0.0, None, low_inclusive=False, hint="seconds, e.g. 5.0")
+    check_choice("baseline", baseline, list(candidates))
+    check_range("min_rounds", min_rounds, 2, None)
+    if len(candidates) < 2:
+        raise SpeedupConfigError(f"`candidates`={list(candidates)!r} needs at least two entries to compare.")
+    rng, names = random.Random(seed), list(candidates)
+    start = clock()
+    for _ in range(warmup):
+        for fn in candidates.values():
+            fn()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, tuple[float, float, float]] = {}
+    rounds, decided, next_look = 0, False, min_rounds
+    # looks at geometrically spaced rounds, each at a stricter level: peeking after every round would let noise
+    # "separate" equal candidates far more often than 1 - confidence
+    look_confidence = 1.0 - (1.0 - confidence) / 4.0
+    while rounds < max_rounds:
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            t0 = clock()
+            candidates[name]()
+            times[name].append(clock() - t0)
+        rounds += 1
+        out_of_time = clock() - start > budget_s
+        if rounds < next_look and not out_of_time:
+            continue
+        next_look = max(rounds + 1, math.ceil(rounds * 1.5))
+        ratios = _ratio_intervals(times, baseline, look_confidence)
+        threshold = 1.0 + min_gain
+        decided = rounds >= min_rounds and all(
+            lo > threshold or hi < threshold for n, (lo, _m, hi) in ratios.items() if n != baseline
+        )
+        if decided or out_of_time:
+            break
+    ratios = ratios or _ratio_intervals(times, baseline, look_confidence)
+    threshold = 1.0 + min_gain
+    winners = [n for n, (lo, _m, _hi) in ratios.items() if n != baseline and lo > threshold]
+    note, winner = "", baseline
+    if rounds < min_rounds:  # every round hit the budget: too few to trust, keep the conservative choice
+        winners = []
+        note = f"only {rounds} of {min_rounds} rounds fit in `budget_s`={budget_s}; kept {baseline!r} untested"
+        warnings.warn(f"compare: timing cannot be trusted ({note}).", stacklevel=2)
+    if winners:
+        best = max(winners, key=lambda n: ratios[n][1])
+        tied = [n for n in winners if ratios[n][2] >= ratios[best][0]]
+        order = list(prefer or []) + [n for n in names if n not in (prefer or [])]
+        winner = min(tied, key=order.index)
+        if len(tied) > 1:
+            note = f"{', '.join(sorted(tied))} are within noise of each other; chose {winner!r} by preference"
+    elif not note:
+        unclear = [n for n, (_lo, _m, hi) in ratios.items() if n != baseline and hi >= threshold]
+        if unclear:
+            note = f"{', '.join(unclear)} within noise of {baseline!r} (min gain {min_gain:.0%}); kept {baseline!r}"
+    return Comparison(
+        winner=winner,
+        baseline=baseline,
+        medians={n: median(t) for n, t in times.items()},
+        spread={n: (min(t), max(t)) for n, t in times.items()},
+        ratios={n: r for n, r in ratios.items() if n != baseline},
+        trials=rounds,
+        separated=decided,
+        elapsed_s=clock() - start,
+        note=note,
+        times=times,
+    )
+
+
+def _ratio_intervals(
+    times: Mapping[str, Sequence[float]], baseline: str, confidence: float
+) -> dict[str, tuple[float, float, float]]:
+    base = times[baseline]
+    out = {}
+    for name, ts in times.items():
+        per_round = [b / max(t, 1e-12) for b, t in zip(base, ts)]  # paired: both ran in the same round
+        lo, hi = median_interval(per_round, confidence)
+        out[name] = (lo, median(per_round), hi)
+    return out
+

@@ -1,267 +1,87 @@
-"""Quantization without Lightning: fake-quantization for QAT, int8 inference picked by measurement, float8 training.
+"""Quantization without Lightning: int8 inference chosen by measurement, plus the QAT and float8 entry points.
 
-Three pieces, each a plain function on an ``nn.Module``:
-
-- :func:`prepare_qat` swaps ``nn.Linear`` / ``nn.Conv2d`` for fake-quantized twins built on torchao's
-  ``IntxFakeQuantizer`` (int8 per-channel symmetric weights, int8 per-token asymmetric activations). The twins share
-  the original ``Parameter`` objects and add no parameters or buffers, so optimizers, DDP and ``state_dict`` keys are
-  unchanged; :func:`qat_record` / the ``"qat"`` structure hook rebuild them in a fresh model before a strict load.
-  torchao's quantizers are *dynamic* (scales recomputed from every tensor), so there are no observers to calibrate.
-- :func:`quantize_for_inference` measures the int8 paths available on this machine and keeps the fastest whose output
-  stays within tolerance; when none is faster than the float model it returns the float model and warns.
+- :func:`quantize_for_inference` builds every registered int8 path (:mod:`~lightning_speedups.functional.int8_backends`)
+  on a copy of the model, rejects those whose error on *held-out* inputs is too large (calibrating and judging on
+  the same inputs hides overfitted scales), then times the rest against the float model with
+  :func:`~lightning_speedups.measure.compare` and keeps an int8 model only when it is faster beyond noise.
   :func:`save_quantized` / :func:`load_quantized` store and rebuild the int8 model as ``state_dict`` + recipe.
-- :func:`convert_to_float8` converts eligible ``nn.Linear`` layers with torchao float8 (CUDA capability >= 8.9).
+- QAT (:mod:`~lightning_speedups.functional.qat`) and float8 (:mod:`~lightning_speedups.functional.float8`) are
+  re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
+import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
-from lightning_speedups._structure import register_structure_hook
-from lightning_speedups.measure import interleaved_timings, median
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups.functional.float8 import (
+    FLOAT8_RECIPES,
+    Float8Summary,
+    convert_to_float8,
+    float8_filter,
+    float8_supported,
+)
+from lightning_speedups.functional.int8_backends import get_int8_backend, list_int8_backends, quiet_ao
+from lightning_speedups.functional.qat import (
+    ACTIVATION_DTYPES,
+    QAT_LAYERS,
+    QAT_RECORD_KEY,
+    WEIGHT_DTYPES,
+    FakeQuantConfig,
+    QATSummary,
+    is_fake_quantized,
+    prepare_qat,
+    qat_record,
+    remove_fake_quantization,
+)
+from lightning_speedups.measure import compare
 
 __all__ = [
+    "ACTIVATION_DTYPES",
+    "FLOAT8_RECIPES",
+    "INFERENCE_BACKENDS",
+    "QAT_LAYERS",
+    "QAT_RECORD_KEY",
+    "WEIGHT_DTYPES",
     "FakeQuantConfig",
+    "Float8Summary",
     "QATSummary",
     "QuantizationReport",
-    "Float8Summary",
-    "INFERENCE_BACKENDS",
-    "prepare_qat",
-    "remove_fake_quantization",
-    "qat_record",
-    "quantize_for_inference",
-    "save_quantized",
+    "convert_to_float8",
+    "float8_filter",
+    "float8_supported",
     "load_quantized",
     "model_size_bytes",
-    "float8_supported",
-    "float8_filter",
-    "convert_to_float8",
+    "prepare_qat",
+    "qat_record",
+    "quantize_for_inference",
+    "remove_fake_quantization",
+    "save_quantized",
+    "split_calibration",
 ]
 
-QAT_RECORD_KEY = "qat"
-WEIGHT_DTYPES = ("int8", "int4")
-ACTIVATION_DTYPES = ("int8", None)
-QAT_LAYERS = ("linear", "conv2d")
-# candidate int8 inference paths, in the order they are tried; "auto" measures all that apply
-INFERENCE_BACKENDS = ("fx_static", "eager_dynamic", "torchao_dynamic", "pt2e_inductor")
-FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-_TORCH_DTYPES = {"int8": torch.int8, "int4": "int4"}
+# the registered int8 paths at import time, in the order "auto" tries them (see int8_backends for the registry)
+INFERENCE_BACKENDS = tuple(list_int8_backends())
 
 
-# ----------------------------------------------------------------------------------------------------------------- QAT
-@dataclass
-class FakeQuantConfig:
-    """What to fake-quantize during QAT.
-
-    Args:
-        weight_dtype: ``"int8"`` (matches the int8 inference kernels) or ``"int4"``; per-channel symmetric.
-        activation_dtype: ``"int8"`` (per-token asymmetric, dynamic) or ``None`` for weight-only fake quantization.
-        layers: layer kinds to convert, any of ``"linear"``, ``"conv2d"``.
-        exclude: module names (or name prefixes) left in float, e.g. ``("head",)``.
-    """
-
-    weight_dtype: str = "int8"
-    activation_dtype: str | None = "int8"
-    layers: tuple[str, ...] = QAT_LAYERS
-    exclude: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        check_choice("weight_dtype", self.weight_dtype, WEIGHT_DTYPES)
-        check_choice("activation_dtype", self.activation_dtype, ACTIVATION_DTYPES)
-        self.layers = tuple(self.layers)
-        self.exclude = tuple(self.exclude)
-        if not self.layers:
-            raise SpeedupConfigError(f"`layers`={self.layers!r} is empty. Allowed values: a subset of {QAT_LAYERS}.")
-        for kind in self.layers:
-            check_choice("layers", kind, QAT_LAYERS)
-
-
-@dataclass
-class QATSummary:
-    """What :func:`prepare_qat` did: converted layer names and the layers it left in float (with reasons)."""
-
-    converted: list[str] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-
-def _fake_quantizers(config: FakeQuantConfig) -> tuple[nn.Module, nn.Module | None]:
-    qat = require("torchao.quantization.qat", "quantization", "Quantization-aware training")
-    from torchao.quantization.qat.fake_quantizer import IntxFakeQuantizer
-
-    wdtype: Any = torch.int8 if config.weight_dtype == "int8" else torch.int4
-    weight = IntxFakeQuantizer(qat.IntxFakeQuantizeConfig(wdtype, "per_channel", is_symmetric=True))
-    act = None
-    if config.activation_dtype is not None:
-        act = IntxFakeQuantizer(qat.IntxFakeQuantizeConfig(torch.int8, "per_token", is_symmetric=False))
-    return weight, act
-
-
-class _FakeQuantMixin:
-    """Adds torchao fake quantizers (no parameters, no buffers) in front of a Linear/Conv2d's weight and input."""
-
-    weight: nn.Parameter
-    weight_fake_quantizer: nn.Module
-    activation_fake_quantizer: nn.Module | None
-
-    def _fq_weight(self) -> torch.Tensor:
-        # under no_grad a view of the weight would still claim requires_grad without a grad_fn, which breaks
-        # hooks that inspect inputs (Lightning's model summary runs a FLOP counter under no_grad)
-        w = self.weight if torch.is_grad_enabled() else self.weight.detach()
-        # per-output-channel scales: torchao quantizes 2-D tensors row-wise, so flatten the conv kernel
-        return self.weight_fake_quantizer(w.reshape(w.shape[0], -1)).reshape(w.shape)
-
-    def _fq_input(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation_fake_quantizer is None:
-            return x
-        if x.dim() > 2 and isinstance(self, nn.Conv2d):  # one scale per sample for feature maps
-            return self.activation_fake_quantizer(x.reshape(x.shape[0], -1)).reshape(x.shape)
-        return self.activation_fake_quantizer(x)
-
-
-class FakeQuantLinear(_FakeQuantMixin, nn.Linear):
-    """``nn.Linear`` with fake-quantized weight and input; same parameters and ``state_dict`` keys."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._fq_input(x), self._fq_weight(), self.bias)
-
-
-class FakeQuantConv2d(_FakeQuantMixin, nn.Conv2d):
-    """``nn.Conv2d`` with fake-quantized weight and input; same parameters and ``state_dict`` keys."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(self._fq_input(x), self._fq_weight(), self.bias)
-
-
-def _swap(parent: nn.Module, child_name: str, module: nn.Module, config: FakeQuantConfig) -> nn.Module:
-    cls: type = FakeQuantLinear if isinstance(module, nn.Linear) else FakeQuantConv2d
-    new = copy.copy(module)  # shallow: shares Parameters, hooks and attributes with the original
-    new.__class__ = cls
-    new._modules = dict(module._modules)
-    new._parameters = dict(module._parameters)
-    weight, act = _fake_quantizers(config)
-    new.weight_fake_quantizer = weight
-    new.activation_fake_quantizer = act
-    setattr(parent, child_name, new)
-    return new
-
-
-def _eligible(name: str, module: nn.Module, config: FakeQuantConfig) -> str | None:
-    """``None`` when ``module`` can be fake-quantized, else the reason it is skipped."""
-    if any(name == p or name.startswith(p + ".") for p in config.exclude):
-        return "excluded"
-    if type(module) is nn.Linear and "linear" in config.layers:
-        return None if module.in_features > 1 else "in_features < 2"
-    if type(module) is nn.Conv2d and "conv2d" in config.layers:
-        return None if module.weight[0].numel() > 1 else "kernel with a single weight per channel"
-    return "layer kind not selected"
-
-
-def prepare_qat(model: nn.Module, config: FakeQuantConfig | None = None, dry_run: bool = False) -> QATSummary:
-    """Insert torchao fake quantization into ``model`` in place (idempotent) and return what changed.
-
-    Args:
-        model: any module; its ``nn.Linear`` / ``nn.Conv2d`` children are swapped for fake-quantized twins that share
-            the same parameters (the optimizer keeps working, no new ``state_dict`` keys).
-        config: what to fake-quantize (default: int8 weights and activations, Linear and Conv2d).
-        dry_run: only report what would be converted (and raise if nothing would), change nothing.
-
-    Returns:
-        A :class:`QATSummary`.
-
-    Raises:
-        SpeedupConfigError: when no layer is eligible.
-        ImportError: when torchao (the ``quantization`` extra) is missing.
-
-    Example::
-
-        >>> net = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
-        >>> prepare_qat(net).converted
-        ['0', '2']
-    """
-    config = config or FakeQuantConfig()
-    summary = QATSummary()
-    for name, module in list(model.named_modules()):
-        if isinstance(module, _FakeQuantMixin):
-            summary.converted.append(name)
-            continue
-        if not isinstance(module, (nn.Linear, nn.Conv2d)):
-            continue
-        reason = _eligible(name, module, config)
-        if reason is not None:
-            summary.skipped[name] = reason
-            continue
-        if not dry_run:
-            parent_name, _, child = name.rpartition(".")
-            _swap(model.get_submodule(parent_name), child, module, config)
-        summary.converted.append(name)
-    if not summary.converted:
-        raise SpeedupConfigError(
-            f"`model` has no layer eligible for QAT with `layers`={config.layers!r}, `exclude`={config.exclude!r}. "
-            f"Skipped: {summary.skipped or 'no Linear/Conv2d layers'}. HINT: QAT converts nn.Linear and nn.Conv2d."
-        )
-    return summary
-
-
-def remove_fake_quantization(model: nn.Module) -> list[str]:
-    """Turn fake-quantized layers back into plain ``nn.Linear`` / ``nn.Conv2d`` in place; return their names."""
-    names = []
-    for name, module in list(model.named_modules()):
-        if isinstance(module, _FakeQuantMixin):
-            plain = copy.copy(module)
-            plain.__class__ = nn.Linear if isinstance(module, nn.Linear) else nn.Conv2d
-            plain._modules = {k: v for k, v in module._modules.items() if not k.endswith("_fake_quantizer")}
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, plain)
-            names.append(name)
-    return names
-
-
-def qat_record(model: nn.Module) -> dict[str, Any] | None:
-    """The plain-python architecture record of ``model``'s fake quantization, or ``None`` if it has none."""
-    layers: dict[str, dict[str, Any]] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, _FakeQuantMixin):
-            wcfg = module.weight_fake_quantizer.config
-            act = module.activation_fake_quantizer
-            layers[name] = {
-                "weight_dtype": "int8" if wcfg.dtype == torch.int8 else "int4",
-                "activation_dtype": None if act is None else "int8",
-            }
-    return {"version": 1, "layers": layers} if layers else None
-
-
-def _apply_qat_record(module: nn.Module, record: dict[str, Any]) -> None:
-    """Structure hook: re-insert the recorded fake quantizers into a fresh model (idempotent)."""
-    for name, spec in record["layers"].items():
-        layer = module.get_submodule(name)
-        if isinstance(layer, _FakeQuantMixin):
-            continue
-        config = FakeQuantConfig(spec["weight_dtype"], spec["activation_dtype"])
-        parent_name, _, child = name.rpartition(".")
-        _swap(module.get_submodule(parent_name), child, layer, config)
-
-
-register_structure_hook(QAT_RECORD_KEY, _apply_qat_record)
-
-
-# ------------------------------------------------------------------------------------------------ int8 inference
 @dataclass
 class QuantizationReport:
     """What :func:`quantize_for_inference` measured and chose.
 
-    ``speedup`` is fp32 latency / int8 latency on the example input (> 1 = faster); ``max_abs_diff`` compares outputs
-    on the example input; ``candidates`` holds every backend tried (speedup, error, or why it failed).
+    ``speedup`` is fp32 latency / int8 latency on the example input (> 1 = faster). Errors are relative to
+    ``max|out_fp32|``: ``heldout_rel_error`` on inputs the calibration never saw (``max_rel_error`` applies to it),
+    ``calibration_rel_error`` on the calibration inputs; ``max_abs_diff`` is the held-out absolute error.
+    ``candidates`` holds every backend tried (errors, speedup and its interval, or why it failed); ``decision``
+    is the timing evidence (medians, spread, trials, whether the winner was separated from noise).
     """
 
     backend: str
@@ -273,6 +93,9 @@ class QuantizationReport:
     unsupported_layers: list[str] = field(default_factory=list)
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     recipe: dict[str, Any] = field(default_factory=dict)
+    heldout_rel_error: float = 0.0
+    calibration_rel_error: float = 0.0
+    decision: dict[str, Any] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -287,17 +110,6 @@ class QuantizationReport:
         d = asdict(self)
         d.update(speedup=self.speedup, size_ratio=self.size_ratio)
         return d
-
-
-@contextlib.contextmanager
-def _quiet_ao() -> Iterator[None]:
-    # torch.ao.quantization is deprecated (torchao PT2E replaces it) but its int8 CPU kernels are still the fastest
-    # eager path here; silence only its deprecation and "observer never ran" notices
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
-        warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
-        warnings.filterwarnings("ignore", message=r".*reduce_range will be deprecated")
-        yield
 
 
 def model_size_bytes(model: nn.Module) -> int:
@@ -320,7 +132,7 @@ def _float_copy(model: nn.Module) -> nn.Module:
         if obj is not None:
             memo[id(obj)] = None
     for module in model.modules():  # fake quantizers cache scales that may carry autograd history: drop, not copy
-        if isinstance(module, _FakeQuantMixin):
+        if is_fake_quantized(module):
             for fq in (module.weight_fake_quantizer, module.activation_fake_quantizer):
                 if fq is not None:
                     memo[id(fq)] = None
@@ -335,57 +147,8 @@ def _float_layers(model: nn.Module) -> list[str]:
     return [
         n
         for n, m in model.named_modules()
-        if (type(m) in kinds or isinstance(m, _FakeQuantMixin)) and type(m.weight.data) is torch.Tensor
+        if (type(m) in kinds or is_fake_quantized(m)) and type(m.weight.data) is torch.Tensor
     ]
-
-
-def _x86_engine() -> None:
-    engines = torch.backends.quantized.supported_engines
-    for engine in ("x86", "fbgemm", "qnnpack"):
-        if engine in engines:
-            torch.backends.quantized.engine = engine
-            return
-
-
-def _build(
-    backend: str, model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool
-) -> nn.Module:
-    """Build one int8 candidate from a float eval-mode copy (``calibrate=False`` when rebuilding for a load)."""
-    if backend == "eager_dynamic":
-        with _quiet_ao():
-            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-            _x86_engine()
-            return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
-    if backend == "fx_static":
-        with _quiet_ao():
-            from torch.ao.quantization import get_default_qconfig_mapping
-            from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
-
-            _x86_engine()
-            prepared = prepare_fx(model, get_default_qconfig_mapping(torch.backends.quantized.engine), example)
-            if calibrate:
-                with torch.no_grad():
-                    for batch in calibration:
-                        prepared(*batch)
-            return convert_fx(prepared)
-    if backend == "torchao_dynamic":
-        tq = require("torchao.quantization", "quantization", "torchao int8 inference")
-        tq.quantize_(model, tq.Int8DynamicActivationInt8WeightConfig())
-        return model
-    if backend == "pt2e_inductor":
-        require("torchao.quantization.pt2e", "quantization", "PT2E int8 inference")
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-        exported = torch.export.export(model, example).module()
-        quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
-        prepared = prepare_pt2e(exported, quantizer)
-        with torch.no_grad():
-            for batch in calibration:
-                prepared(*batch)
-        return torch.compile(convert_pt2e(prepared))
-    raise SpeedupConfigError(f"`backend`={backend!r} is not supported. Allowed values: {INFERENCE_BACKENDS}.")
 
 
 def _recipe(backend: str, example: tuple[Any, ...]) -> dict[str, Any]:
@@ -394,8 +157,58 @@ def _recipe(backend: str, example: tuple[Any, ...]) -> dict[str, Any]:
         "backend": backend,
         "engine": torch.backends.quantized.engine,
         "example_shapes": [list(t.shape) for t in example if isinstance(t, torch.Tensor)],
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # plain str: the recipe loads with weights_only=True
     }
+
+
+def _batch_len(batch: tuple[Any, ...]) -> int:
+    return int(batch[0].shape[0]) if batch and isinstance(batch[0], torch.Tensor) and batch[0].dim() > 0 else 1
+
+
+def split_calibration(
+    example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]] | None
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``(calibrate_on, hold_out)``: the last quarter of the calibration batches (at least one) is held out; a
+    single batch (or only the example) is split in half along its first dimension, each half tiled back to the
+    batch size.
+
+    Raises:
+        SpeedupConfigError: a single batch of fewer than 2 samples (nothing to hold out).
+    """
+    batches = list(calibration) if calibration is not None else [example]
+    if len(batches) >= 2:
+        cut = len(batches) - max(1, len(batches) // 4)
+        return batches[:cut], batches[cut:]
+    batch = batches[0]
+    n = _batch_len(batch)
+    if n < 2:
+        raise SpeedupConfigError(
+            f"`calibration_data` is one batch of {n} sample(s): too small to split into calibration and held-out "
+            "inputs. Allowed values: at least 2 samples (better 2 batches or more), or pass `validation_data`."
+        )
+    half = n // 2
+
+    def part(sl: slice) -> tuple[Any, ...]:
+        # each half is tiled back to the batch size: shape-specialised paths (export, compile) see the same shapes
+        def tile(t: torch.Tensor) -> torch.Tensor:
+            piece = t[sl]
+            return torch.cat([piece] * -(-n // piece.shape[0]))[:n]
+
+        return tuple(tile(t) if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == n else t for t in batch)
+
+    return [part(slice(0, half))], [part(slice(half, n))]
+
+
+def _rel_error(qmodel: nn.Module, reference: nn.Module, batches: Sequence[tuple[Any, ...]]) -> tuple[float, float]:
+    """(max relative error, max absolute error) of ``qmodel`` against ``reference`` over ``batches``."""
+    rel = absolute = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            ref = reference(*batch).float()
+            diff = float((qmodel(*batch).float() - ref).abs().max())
+            rel = max(rel, diff / max(float(ref.abs().max()), 1e-12))
+            absolute = max(absolute, diff)
+    return rel, absolute
 
 
 def quantize_for_inference(
@@ -404,75 +217,79 @@ def quantize_for_inference(
     backend: str = "auto",
     *,
     calibration_data: Iterable[Any] | None = None,
+    validation_data: Iterable[Any] | None = None,
     max_rel_error: float = 0.1,
     min_speedup: float = 1.0,
     allow_compile: bool = False,
     repeats: int = 7,
+    budget_s: float = 10.0,
 ) -> tuple[nn.Module, QuantizationReport]:
     """Return an int8 copy of ``model`` that is faster on this machine, and a :class:`QuantizationReport`.
 
-    ``model`` itself is not changed (fake quantization from QAT is stripped in a CPU copy). Candidates:
-
-    - ``"fx_static"``: ``torch.ao`` FX static int8 (Conv/Linear/BN/ReLU fused, calibrated on ``calibration_data``);
-    - ``"eager_dynamic"``: ``torch.ao`` dynamic int8 for ``nn.Linear`` (weights int8, activations quantized per call);
-    - ``"torchao_dynamic"``: torchao ``Int8DynamicActivationInt8WeightConfig`` in eager mode (the maintained API;
-      slow on CPU without ``torch.compile``, so it rarely wins here);
-    - ``"pt2e_inductor"``: torchao PT2E + ``X86InductorQuantizer`` + ``torch.compile`` (only with
-      ``allow_compile=True``: compiling takes tens of seconds on a small CPU).
+    ``model`` itself is not changed (fake quantization from QAT is stripped in a CPU copy). Candidates are the
+    registered backends (``fx_static``, ``eager_dynamic``, ``torchao_dynamic``; ``pt2e_inductor`` with
+    ``allow_compile``), see :mod:`~lightning_speedups.functional.int8_backends`.
 
     Args:
         model: float model (``nn.Module`` or ``LightningModule``).
         example_inputs: a tensor or tuple of tensors with a realistic batch size: latency is measured on it.
-        backend: ``"auto"`` (measure all, keep the fastest within tolerance) or one of the names above.
-        calibration_data: batches (tensors or tuples) for static calibration; default: ``example_inputs``.
-        max_rel_error: a candidate is rejected when ``max|out_int8 - out_fp32| > max_rel_error * max|out_fp32|``.
-        min_speedup: a result must be at least this much faster, otherwise the float model is returned with a warning.
+        backend: ``"auto"`` (measure all, keep the fastest within tolerance) or one registered name.
+        calibration_data: batches (tensors or tuples) for static calibration; default: ``example_inputs``. Without
+            ``validation_data`` the last quarter of them (or half of a single batch) is held out for validation.
+        validation_data: held-out batches the accuracy gate is judged on (never used for calibration).
+        max_rel_error: a candidate is rejected when, on held-out inputs, ``max|out_int8 - out_fp32| > max_rel_error
+            * max|out_fp32|``.
+        min_speedup: a result must be faster than this beyond timing noise, otherwise the float model is returned
+            with a warning.
         allow_compile: also try the ``torch.compile`` based PT2E path.
-        repeats: interleaved timing rounds.
+        repeats: minimum interleaved timing rounds.
+        budget_s: time budget of the timing comparison.
 
     Returns:
         ``(model, report)``; ``report.backend == "none"`` and the float copy when nothing qualified.
 
     Raises:
-        SpeedupConfigError: unknown ``backend`` or out-of-range tolerances.
+        SpeedupConfigError: unknown ``backend``, out-of-range tolerances, or calibration inputs too small to split.
 
     Example::
 
         >>> net = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-        >>> qnet, report = quantize_for_inference(net, torch.randn(64, 256), repeats=2)
+        >>> qnet, report = quantize_for_inference(net, torch.randn(64, 256), repeats=2, budget_s=1.0)
         >>> report.size_ratio > 1 or report.backend == "none"
         True
     """
-    check_choice("backend", backend, ("auto", *INFERENCE_BACKENDS), hint="use 'auto' to measure every path")
+    check_choice("backend", backend, ("auto", *list_int8_backends()), hint="use 'auto' to measure every path")
     check_range("max_rel_error", max_rel_error, 0.0, None, low_inclusive=False)
     check_range("min_speedup", min_speedup, 0.0, None)
     check_range("repeats", repeats, 1, None)
-    if backend == "pt2e_inductor":
-        allow_compile = True
+    check_range("budget_s", budget_s, 0.0, None, low_inclusive=False, hint="seconds for the timing comparison")
     example = _as_tuple(example_inputs)
-    calibration = [_as_tuple(b) for b in (calibration_data if calibration_data is not None else [example])]
+    calibration = None if calibration_data is None else [_as_tuple(b) for b in calibration_data]
+    if validation_data is not None:
+        calib, heldout = calibration or [example], [_as_tuple(b) for b in validation_data]
+    else:
+        calib, heldout = split_calibration(example, calibration)
     reference = _float_copy(model)
-    with torch.no_grad():
-        ref_out = reference(*example)
-    scale = max(float(ref_out.abs().max()), 1e-12)
-    names = list(INFERENCE_BACKENDS) if backend == "auto" else [backend]
-    if not allow_compile and "pt2e_inductor" in names:
-        names.remove("pt2e_inductor")
-
+    names = list_int8_backends() if backend == "auto" else [backend]
+    names = [n for n in names if backend != "auto" or allow_compile or not get_int8_backend(n).needs_compile]
     candidates: dict[str, dict[str, Any]] = {}
     built: dict[str, nn.Module] = {}
     for name in names:
         try:
-            qmodel = _build(name, _float_copy(model), example, calibration, calibrate=True)
-            with torch.no_grad():
-                diff = float((qmodel(*example).float() - ref_out).abs().max())
+            qmodel = get_int8_backend(name).build(_float_copy(model), example, calib, True)
+            calib_rel, _ = _rel_error(qmodel, reference, calib)
+            held_rel, held_abs = _rel_error(qmodel, reference, heldout)
         except Exception as err:  # a path that cannot handle this model is reported, not fatal
             candidates[name] = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:300]}
             continue
-        ok = diff <= max_rel_error * scale
-        candidates[name] = {"status": "ok" if ok else "too_inaccurate", "max_abs_diff": diff}
+        ok = held_rel <= max_rel_error
+        candidates[name] = {"status": "ok" if ok else "too_inaccurate", "heldout_rel_error": held_rel,
+                            "calibration_rel_error": calib_rel, "max_abs_diff": held_abs}  # fmt: skip
         if ok:
             built[name] = qmodel
+    size_before = model_size_bytes(reference)
+    if not built:
+        return _float_result(reference, size_before, candidates, "no candidate within tolerance on held-out inputs")
 
     def runner(m: nn.Module) -> Callable[[], Any]:
         def fn() -> Any:
@@ -481,39 +298,52 @@ def quantize_for_inference(
 
         return fn
 
-    times = interleaved_timings(
-        {"fp32": runner(reference), **{n: runner(m) for n, m in built.items()}}, repeats=repeats, warmup=2
-    )
-    base = median(times["fp32"])
+    # most accurate first: among candidates within noise of the fastest, the smaller held-out error wins
+    prefer = sorted(built, key=lambda n: candidates[n]["heldout_rel_error"])
+    decision = compare({"fp32": runner(reference), **{n: runner(m) for n, m in built.items()}}, "fp32",
+                       min_gain=min_speedup - 1.0, budget_s=budget_s, min_rounds=max(2, repeats), warmup=2,
+                       prefer=prefer)  # fmt: skip
     for name in built:
-        candidates[name]["latency_s"] = median(times[name])
-        candidates[name]["speedup"] = base / max(median(times[name]), 1e-12)
-    size_before = model_size_bytes(reference)
-    best = max(built, key=lambda n: candidates[n]["speedup"], default=None)
-    if best is None or candidates[best]["speedup"] < max(min_speedup, 1e-12):
-        why = "no candidate within tolerance"
-        if best is not None:
-            why = f"best ({best}) only {candidates[best]['speedup']:.2f}x"
-        warnings.warn(f"quantize_for_inference: returning the float model ({why}; tried {candidates}).", stacklevel=2)
-        return reference, QuantizationReport(
-            "none", size_before, size_before, base, base, 0.0, _float_layers(reference), candidates
-        )
+        lo, mid, hi = decision.ratios[name]
+        candidates[name].update(latency_s=decision.medians[name], speedup=mid, speedup_interval=(lo, hi))
+    evidence = {"trials": decision.trials, "separated": decision.separated, "note": decision.note,
+                "medians_s": decision.medians, "spread_s": decision.spread}  # fmt: skip
+    if decision.winner == "fp32":
+        why = decision.note or "no candidate faster than the float model beyond noise"
+        return _float_result(reference, size_before, candidates, why, decision.medians["fp32"], evidence)
+    best = decision.winner
     qmodel = built[best]
-    report = QuantizationReport(
+    return qmodel, QuantizationReport(
         backend=best,
         size_before_bytes=size_before,
-        size_after_bytes=model_size_bytes(qmodel) if best != "pt2e_inductor" else size_before,
-        latency_before_s=base,
-        latency_after_s=candidates[best]["latency_s"],
+        size_after_bytes=model_size_bytes(qmodel) if get_int8_backend(best).saveable else size_before,
+        latency_before_s=decision.medians["fp32"],
+        latency_after_s=decision.medians[best],
         max_abs_diff=candidates[best]["max_abs_diff"],
         unsupported_layers=_float_layers(qmodel),
         candidates=candidates,
         recipe=_recipe(best, example),
+        heldout_rel_error=candidates[best]["heldout_rel_error"],
+        calibration_rel_error=candidates[best]["calibration_rel_error"],
+        decision=evidence,
     )
-    return qmodel, report
 
 
-def save_quantized(model: nn.Module, report: QuantizationReport, path: str) -> None:
+def _float_result(
+    reference: nn.Module,
+    size: int,
+    candidates: dict[str, dict[str, Any]],
+    why: str,
+    latency: float = 0.0,
+    evidence: dict[str, Any] | None = None,
+) -> tuple[nn.Module, QuantizationReport]:
+    warnings.warn(f"quantize_for_inference: returning the float model ({why}; tried {candidates}).", stacklevel=3)
+    report = QuantizationReport("none", size, size, latency, latency, 0.0, _float_layers(reference), candidates,
+                                decision=evidence or {})  # fmt: skip
+    return reference, report
+
+
+def save_quantized(model: nn.Module, report: QuantizationReport, path: str | os.PathLike[str]) -> None:
     """Save an int8 model from :func:`quantize_for_inference` as ``{"recipe", "state_dict"}``.
 
     Rebuild it with :func:`load_quantized` from a freshly built float model of the same architecture.
@@ -521,120 +351,27 @@ def save_quantized(model: nn.Module, report: QuantizationReport, path: str) -> N
     Raises:
         SpeedupConfigError: when the backend cannot be saved this way (``"pt2e_inductor"``, ``"none"``).
     """
-    if report.backend not in ("fx_static", "eager_dynamic", "torchao_dynamic"):
+    saveable = [n for n in list_int8_backends() if get_int8_backend(n).saveable]
+    if report.backend not in saveable:
         raise SpeedupConfigError(
             f"`report.backend`={report.backend!r} cannot be saved as state dict + recipe. Allowed values: "
-            "'fx_static', 'eager_dynamic', 'torchao_dynamic'. HINT: save a compiled PT2E model with torch.export."
+            f"{', '.join(repr(n) for n in saveable)}. HINT: save a compiled PT2E model with torch.export."
         )
     torch.save({"recipe": report.recipe, "state_dict": model.state_dict()}, path)
 
 
-def load_quantized(path: str, float_model: nn.Module, example_inputs: Any) -> nn.Module:
+def load_quantized(path: str | os.PathLike[str], float_model: nn.Module, example_inputs: Any) -> nn.Module:
     """Rebuild an int8 model saved by :func:`save_quantized` on a fresh float model (same architecture).
 
     The recipe replays the conversion without calibration, then the saved scales and int8 weights are loaded.
     """
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = torch.load(path, map_location="cpu", weights_only=True)  # tensors and a plain-data recipe
     recipe = saved["recipe"]
     if recipe.get("engine") in torch.backends.quantized.supported_engines:
         torch.backends.quantized.engine = recipe["engine"]
     example = _as_tuple(example_inputs)
-    qmodel = _build(recipe["backend"], _float_copy(float_model), example, [], calibrate=False)
-    with _quiet_ao():
-        qmodel.load_state_dict(saved["state_dict"], assign=recipe["backend"] == "torchao_dynamic")
+    info = get_int8_backend(recipe["backend"])
+    qmodel = info.build(_float_copy(float_model), example, [], False)
+    with quiet_ao():
+        qmodel.load_state_dict(saved["state_dict"], assign=info.load_assign)
     return qmodel.eval()
-
-
-# ------------------------------------------------------------------------------------------------------- float8
-@dataclass
-class Float8Summary:
-    """Which ``nn.Linear`` layers :func:`convert_to_float8` converted and why the others were skipped."""
-
-    converted: list[str] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-
-def _cuda_capability() -> tuple[int, int] | None:
-    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-
-
-def float8_supported() -> tuple[bool, str]:
-    """``(True, "")`` on CUDA compute capability >= 8.9 (Ada, Hopper, Blackwell), else ``(False, reason)``."""
-    cap = _cuda_capability()
-    if cap is None:
-        return False, "float8 training needs a CUDA GPU with compute capability >= 8.9, but no CUDA GPU is available"
-    if tuple(cap) < (8, 9):
-        return False, (
-            f"float8 training needs CUDA compute capability >= 8.9 (Ada/Hopper); this GPU has {cap[0]}.{cap[1]}"
-        )
-    return True, ""
-
-
-def float8_filter(
-    module: nn.Module,
-    fqn: str,
-    *,
-    min_features: int = 1024,
-    exclude: Sequence[str] = (),
-    filter_fn: Callable[[nn.Module, str], bool] | None = None,
-) -> str | None:
-    """``None`` when ``module`` should run in float8, else the reason it stays in high precision.
-
-    Eligible: an ``nn.Linear`` whose in/out features are divisible by 16 (float8 GEMM requirement) and both at least
-    ``min_features`` (small GEMMs get slower from the casts), not named in ``exclude``, and accepted by ``filter_fn``.
-    """
-    if type(module) is not nn.Linear:
-        return "not an nn.Linear"
-    if any(fqn == p or fqn.startswith(p + ".") for p in exclude):
-        return "excluded"
-    n, k = module.weight.shape
-    if n % 16 or k % 16:
-        return f"dims {k}x{n} not divisible by 16"
-    if min(n, k) < min_features:
-        return f"dims {k}x{n} below min_features={min_features}"
-    if filter_fn is not None and not filter_fn(module, fqn):
-        return "rejected by filter_fn"
-    return None
-
-
-def convert_to_float8(
-    model: nn.Module,
-    *,
-    recipe: str = "tensorwise",
-    min_features: int = 1024,
-    exclude: Sequence[str] = (),
-    filter_fn: Callable[[nn.Module, str], bool] | None = None,
-    check_hardware: bool = True,
-) -> Float8Summary:
-    """Swap eligible ``nn.Linear`` layers for torchao ``Float8Linear`` in place (see :func:`float8_filter`).
-
-    Raises:
-        SpeedupConfigError: unknown recipe, hardware without float8 (when ``check_hardware``), no eligible layer.
-    """
-    check_choice("recipe", recipe, FLOAT8_RECIPES)
-    if check_hardware:
-        ok, reason = float8_supported()
-        if not ok:
-            raise SpeedupConfigError(
-                f"float8 is unavailable: {reason}. HINT: Float8Training(skip_if_unsupported=True) skips instead."
-            )
-    summary = Float8Summary()
-    for name, module in model.named_modules():
-        why = float8_filter(module, name, min_features=min_features, exclude=exclude, filter_fn=filter_fn)
-        if why is None:
-            summary.converted.append(name)
-        elif isinstance(module, nn.Linear):
-            summary.skipped[name] = why
-    if not summary.converted:
-        raise SpeedupConfigError(
-            f"`model` has no nn.Linear eligible for float8 (`min_features`={min_features}). Skipped: "
-            f"{summary.skipped or 'no nn.Linear layers'}. HINT: float8 pays off for Linear layers >= 1024 wide."
-        )
-    f8 = require("torchao.float8", "quantization", "Float8 training")
-    chosen = set(summary.converted)
-    f8.convert_to_float8_training(
-        model,
-        module_filter_fn=lambda _m, fqn: fqn in chosen,
-        config=f8.Float8LinearConfig.from_recipe_name(recipe),
-    )
-    return summary

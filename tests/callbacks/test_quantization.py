@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
 from lightning_speedups.demo import DemoClassifier, DemoMLP, DigitsDataModule, load_digits_tensors
-from lightning_speedups.functional import quantization as fq
+from lightning_speedups.functional import float8 as f8
 from lightning_speedups.functional.quantization import qat_record
 from tests.helpers import quiet_trainer
 
@@ -195,19 +195,19 @@ def test_float8_misconfiguration(monkeypatch):
         Float8Training(min_features=8)
     with pytest.raises(SpeedupConfigError, match="`filter_fn`=3 must be callable"):
         Float8Training(filter_fn=3)
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: None)
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: None)
     with pytest.raises(SpeedupConfigError, match="compute capability >= 8.9, but no CUDA GPU is available"):
         quiet_trainer(max_steps=1, callbacks=[Float8Training()]).fit(DemoMLP(hidden=(1024,)), _Digits())
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: (8, 0))
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: (8, 0))
     with pytest.raises(SpeedupConfigError, match="this GPU has 8.0"):
         Float8Training().setup(SimpleNamespace(), DemoMLP(hidden=(1024,)), "fit")
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: (9, 0))
     with pytest.raises(SpeedupConfigError, match="has no nn.Linear eligible for float8"):
         Float8Training().setup(SimpleNamespace(), DemoMLP(hidden=(64,)), "fit")
 
 
 def test_float8_skip_if_unsupported(monkeypatch):
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: None)
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: None)
     cb = Float8Training(skip_if_unsupported=True)
     model = DemoMLP(hidden=(1024,))
     with pytest.warns(UserWarning, match="Float8Training skipped: float8 training needs a CUDA GPU"):
@@ -220,7 +220,7 @@ def test_float8_conversion_with_mocked_capability(monkeypatch):
     """On CPU the conversion itself runs (torchao builds Float8Linear); only the float8 matmuls need the GPU."""
     from torchao.float8.float8_linear import Float8Linear
 
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: (9, 0))
     model = DemoMLP(hidden=(1024, 1024, 32))
     params = {id(p) for p in model.parameters()}
     cb = Float8Training(exclude=("backbone.3",))

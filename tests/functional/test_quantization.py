@@ -9,6 +9,7 @@ from torch import nn
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._structure import apply_structure_records
 from lightning_speedups.demo import DemoClassifier, DemoMLP
+from lightning_speedups.functional import float8 as f8
 from lightning_speedups.functional import quantization as fq
 from lightning_speedups.functional.quantization import (
     FakeQuantConfig,
@@ -103,7 +104,8 @@ def test_quantize_for_inference_cnn_fx_static(tmp_path):
     ref = float_model.eval()(x)
     with torch.no_grad():
         out = qmodel(x)
-    assert (out - ref).abs().max().item() == pytest.approx(report.max_abs_diff, abs=1e-5)
+    heldout = (out - ref)[8:].abs().max().item()  # the second half of the example is held out from calibration
+    assert heldout == pytest.approx(report.max_abs_diff, abs=1e-5)
     assert report.max_abs_diff <= 0.1 * ref.abs().max().item()
 
     save_quantized(qmodel, report, str(tmp_path / "int8.pt"))
@@ -132,9 +134,12 @@ def test_quantize_for_inference_auto_keeps_the_fastest():
     model = DemoClassifier(width=4)
     qmodel, report = quantize_for_inference(model, torch.randn(8, 3, 32, 32), min_speedup=0.0, repeats=2)
     assert set(report.candidates) == {"fx_static", "eager_dynamic", "torchao_dynamic"}  # no compile unless allowed
-    speedups = {n: c["speedup"] for n, c in report.candidates.items() if c["status"] == "ok"}
-    assert report.backend == max(speedups, key=speedups.get)
-    assert report.speedup == pytest.approx(speedups[report.backend])
+    ok = {n: c for n, c in report.candidates.items() if c["status"] == "ok"}
+    fastest = max(ok, key=lambda n: ok[n]["speedup"])
+    # the fastest, or one within noise of it (its interval reaches the fastest's lower bound) that is more accurate
+    chosen = ok[report.backend]
+    assert report.backend == fastest or chosen["speedup_interval"][1] >= ok[fastest]["speedup_interval"][0]
+    assert report.latency_after_s == chosen["latency_s"] and report.decision["trials"] >= 2
     convs = ["backbone.0.0", "backbone.1.0", "backbone.3.0", "backbone.4.0", "backbone.6.0"]
     # only FX static quantizes convolutions; the dynamic paths leave them in float and list them
     assert report.unsupported_layers == ([] if report.backend == "fx_static" else convs)
@@ -162,11 +167,11 @@ def test_float8_filter():
 
 
 def test_float8_hardware_check(monkeypatch):
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: (8, 6))
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: (8, 6))
     assert fq.float8_supported() == (False, fq.float8_supported()[1]) and "8.6" in fq.float8_supported()[1]
     with pytest.raises(SpeedupConfigError, match="float8 is unavailable: .*this GPU has 8.6"):
         convert_to_float8(nn.Sequential(nn.Linear(1024, 1024)))
-    monkeypatch.setattr(fq, "_cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(f8, "_cuda_capability", lambda: (9, 0))
     assert fq.float8_supported() == (True, "")
     summary = convert_to_float8(nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 10)))
     assert summary.converted == ["0"] and summary.skipped == {"1": "dims 1024x10 not divisible by 16"}

@@ -1,0 +1,144 @@
+"""The int8 inference paths :func:`~lightning_speedups.quantize_for_inference` chooses from: a handler registry.
+
+Each backend is one :class:`Int8Backend` entry (torchao's ``register_quantize_module_handler`` style): a builder that
+turns a float eval-mode copy into an int8 model, plus what the chooser and the loaders need to know about it. A new
+path is a new entry, not an edit of a long ``if`` chain::
+
+    register_int8_backend(Int8Backend("my_backend", build=my_builder))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_speedups._errors import check_choice, require
+
+__all__ = ["Int8Backend", "get_int8_backend", "list_int8_backends", "register_int8_backend"]
+
+# build(float_copy, example_args, calibration_batches, calibrate) -> int8 model
+Builder = Callable[[nn.Module, tuple[Any, ...], Sequence[tuple[Any, ...]], bool], nn.Module]
+
+
+@dataclass(frozen=True)
+class Int8Backend:
+    """One int8 inference path.
+
+    Args:
+        name: the ``backend=`` value.
+        build: ``build(float_copy, example_args, calibration_batches, calibrate) -> int8 model``; ``calibrate=False``
+            when rebuilding for :func:`~lightning_speedups.load_quantized` (the saved scales are loaded next).
+        saveable: whether ``state_dict`` + recipe can rebuild it (compiled graphs cannot).
+        needs_compile: tried by ``backend="auto"`` only with ``allow_compile=True`` (compiling takes tens of seconds).
+        load_assign: load its ``state_dict`` with ``assign=True`` (tensor-subclass weights).
+        static: calibrated on data (its held-out error is the one that can differ from the calibration error).
+    """
+
+    name: str
+    build: Builder
+    saveable: bool = True
+    needs_compile: bool = False
+    load_assign: bool = False
+    static: bool = False
+
+
+_BACKENDS: dict[str, Int8Backend] = {}
+
+
+def register_int8_backend(backend: Int8Backend) -> Int8Backend:
+    """Add (or replace) an int8 inference path; ``"auto"`` tries them in registration order."""
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def list_int8_backends() -> list[str]:
+    """Names of the registered int8 inference paths, in the order ``"auto"`` tries them."""
+    return list(_BACKENDS)
+
+
+def get_int8_backend(name: str) -> Int8Backend:
+    """The registered backend called ``name``; an unknown name raises and lists the valid ones."""
+    check_choice("backend", name, list(_BACKENDS), hint="use 'auto' to measure every path")
+    return _BACKENDS[name]
+
+
+@contextlib.contextmanager
+def quiet_ao() -> Iterator[None]:
+    """Silence only ``torch.ao.quantization``'s deprecation and "observer never ran" notices."""
+    # torch.ao.quantization is deprecated (torchao PT2E replaces it) but its int8 CPU kernels are still the fastest
+    # eager path here
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
+        warnings.filterwarnings("ignore", message=r".*must run observer before calling calculate_qparams")
+        warnings.filterwarnings("ignore", message=r".*reduce_range will be deprecated")
+        yield
+
+
+def _x86_engine() -> None:
+    engines = torch.backends.quantized.supported_engines
+    for engine in ("x86", "fbgemm", "qnnpack"):
+        if engine in engines:
+            torch.backends.quantized.engine = engine
+            return
+
+
+def _calibrate(model: nn.Module, calibration: Sequence[tuple[Any, ...]]) -> None:
+    with torch.no_grad():
+        for batch in calibration:
+            model(*batch)
+
+
+def _fx_static(model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool):
+    with quiet_ao():
+        from torch.ao.quantization import get_default_qconfig_mapping
+        from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+        _x86_engine()
+        prepared = prepare_fx(model, get_default_qconfig_mapping(torch.backends.quantized.engine), example)
+        if calibrate:
+            _calibrate(prepared, calibration)
+        return convert_fx(prepared)
+
+
+def _eager_dynamic(model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool):
+    with quiet_ao():
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        _x86_engine()
+        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+def _torchao_dynamic(
+    model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool
+):
+    tq = require("torchao.quantization", "quantization", "torchao int8 inference")
+    tq.quantize_(model, tq.Int8DynamicActivationInt8WeightConfig())
+    return model
+
+
+def _pt2e_inductor(
+    model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool
+):
+    require("torchao.quantization.pt2e", "quantization", "PT2E int8 inference")
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    exported = torch.export.export(model, example).module()
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)
+    _calibrate(prepared, calibration)
+    return torch.compile(convert_pt2e(prepared))
+
+
+# "auto" tries them in this order: torch.ao FX static (Conv/Linear/BN/ReLU fused), torch.ao dynamic (Linear only),
+# torchao dynamic (the maintained API; slow on CPU without compile), PT2E + inductor (compile: opt-in)
+register_int8_backend(Int8Backend("fx_static", _fx_static, static=True))
+register_int8_backend(Int8Backend("eager_dynamic", _eager_dynamic))
+register_int8_backend(Int8Backend("torchao_dynamic", _torchao_dynamic, load_assign=True))
+register_int8_backend(Int8Backend("pt2e_inductor", _pt2e_inductor, saveable=False, needs_compile=True, static=True))
