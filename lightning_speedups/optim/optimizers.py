@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.optim._fused_momentum import guard_fused_momentum
 from lightning_speedups.optim.config import OptimizerConfig, as_optimizer_config, scale_lr, set_registry_check
 
 __all__ = [
@@ -316,6 +317,7 @@ def create_optimizer(
             choose_implementation(info, [p for g in groups for p in g["params"]], cfg.implementation, avoid_fused)
         )
     try:
-        return info.factory(groups, lr=lr, **kwargs)
+        optimizer = info.factory(groups, lr=lr, **kwargs)
     except (TypeError, ValueError) as err:
         raise SpeedupConfigError(f"Optimizer {cfg.name!r} rejected its arguments {kwargs}: {err}") from err
+    return guard_fused_momentum(optimizer)  # fused SGD: params that start stepping later (unfrozen) get a buffer
