@@ -1,6 +1,6 @@
 """lightning-speedups: Lightning callbacks and a LightningModule mixin that make training faster, measured."""
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 from lightning_speedups._registry import TechniqueInfo, get_technique, list_techniques, register_technique
 from lightning_speedups._structure import load_checkpoint
 
@@ -76,6 +76,7 @@ __version__ = "0.1.0"
 __all__ = [
     # errors
     "SpeedupConfigError",
+    "SpeedupRuntimeError",
     # reload any checkpoint of a modified model (pruned, quantized) into a fresh one
     "load_checkpoint",
     # technique registry

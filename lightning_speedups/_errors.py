@@ -1,15 +1,35 @@
-"""The package's one error type and the small helpers that build its messages."""
+"""The package's error types and the small helpers that check user input and build its messages.
+
+Every message has one shape: the argument in backticks, the value given, what is wrong, ``Allowed values: ...`` and,
+when a common mistake is likely, a ``HINT:``. The same argument gets the same wording wherever it is checked, so check
+a user-facing argument with one of the ``check_*`` helpers rather than a hand-written ``raise``.
+"""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Iterable
+from numbers import Integral
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-__all__ = ["SpeedupConfigError", "check_choice", "check_range", "require"]
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = [
+    "SpeedupConfigError",
+    "SpeedupRuntimeError",
+    "check_bool",
+    "check_callable",
+    "check_choice",
+    "check_int",
+    "check_module_names",
+    "check_range",
+    "require",
+]
 
 
 class SpeedupConfigError(ValueError, MisconfigurationException):
@@ -20,8 +40,23 @@ class SpeedupConfigError(ValueError, MisconfigurationException):
     """
 
 
+class SpeedupRuntimeError(RuntimeError):
+    """Raised when the run itself reaches a state a technique cannot work with (not a bad argument or setting).
+
+    For example an LR range test that produced too few usable points, or a method called before the state it reads
+    exists. The arguments were fine; the message says what happened and what to do about it.
+    """
+
+
 def _fmt_allowed(allowed: Iterable[Any]) -> str:
     return ", ".join(repr(a) for a in allowed)
+
+
+def _fail(name: str, value: Any, problem: str, allowed: str, hint: str | None) -> SpeedupConfigError:
+    msg = f"`{name}`={value!r} {problem}. Allowed values: {allowed}."
+    if hint:
+        msg += f" HINT: {hint}"
+    return SpeedupConfigError(msg)
 
 
 def check_choice(name: str, value: Any, allowed: Iterable[Any], hint: str | None = None) -> Any:
@@ -31,13 +66,15 @@ def check_choice(name: str, value: Any, allowed: Iterable[Any], hint: str | None
 
         >>> check_choice("mode", "structured", ["structured", "unstructured"])
         'structured'
+        >>> check_choice("mode", "channels", ["structured", "unstructured"])
+        Traceback (most recent call last):
+        ...
+        lightning_speedups._errors.SpeedupConfigError: `mode`='channels' is not supported. Allowed values: \
+'structured', 'unstructured'.
     """
     allowed = list(allowed)
     if value not in allowed:
-        msg = f"`{name}`={value!r} is not supported. Allowed values: {_fmt_allowed(allowed)}."
-        if hint:
-            msg += f" HINT: {hint}"
-        raise SpeedupConfigError(msg)
+        raise _fail(name, value, "is not supported", _fmt_allowed(allowed), hint)
     return value
 
 
@@ -51,7 +88,18 @@ def check_range(
     high_inclusive: bool = True,
     hint: str | None = None,
 ) -> float:
-    """Raise unless ``low <= value <= high`` (bounds optional, inclusivity configurable)."""
+    """Raise unless ``value`` is a number with ``low <= value <= high`` (bounds optional, inclusivity configurable).
+
+    Example::
+
+        >>> check_range("amount", 0.5, 0.0, 1.0, high_inclusive=False)
+        0.5
+        >>> check_range("amount", 1.0, 0.0, 1.0, high_inclusive=False)
+        Traceback (most recent call last):
+        ...
+        lightning_speedups._errors.SpeedupConfigError: `amount`=1.0 is out of range. Allowed values: a number in \
+[0.0, 1.0).
+    """
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok and low is not None:
         ok = value >= low if low_inclusive else value > low
@@ -65,11 +113,160 @@ def check_range(
             + f"{lo}, {hi}"
             + ("]" if high_inclusive and high is not None else ")")
         )
-        msg = f"`{name}`={value!r} is out of range. Allowed values: a number in {interval}."
+        raise _fail(name, value, "is out of range", f"a number in {interval}", hint)
+    return value
+
+
+def _int_bounds(low: int | None, high: int | None) -> str:
+    if low is not None and high is not None:
+        return f"an integer in [{low}, {high}]"
+    if low is not None:
+        return f"an integer >= {low}"
+    if high is not None:
+        return f"an integer <= {high}"
+    return "an integer"
+
+
+def check_int(
+    name: str,
+    value: Any,
+    low: int | None = None,
+    high: int | None = None,
+    *,
+    optional: bool = False,
+    hint: str | None = None,
+) -> Any:
+    """Return ``value`` if it is an integer (not a bool) in ``[low, high]`` (bounds optional), else raise.
+
+    Args:
+        name: the argument's name, as the user spells it.
+        value: what the user passed.
+        low, high: inclusive bounds; ``None`` leaves that side open.
+        optional: also accept ``None``.
+        hint: a ``HINT:`` appended to the message.
+
+    Returns:
+        ``value`` unchanged.
+
+    Raises:
+        SpeedupConfigError: naming the argument, the value and the allowed integers.
+
+    Example::
+
+        >>> check_int("start_epoch", 2, 0)
+        2
+        >>> check_int("start_epoch", -1, 0)
+        Traceback (most recent call last):
+        ...
+        lightning_speedups._errors.SpeedupConfigError: `start_epoch`=-1 is out of range. Allowed values: an integer \
+>= 0.
+    """
+    if optional and value is None:
+        return value
+    ok = isinstance(value, Integral) and not isinstance(value, bool)
+    ok = ok and (low is None or value >= low) and (high is None or value <= high)
+    if not ok:
+        allowed = _int_bounds(low, high)
+        raise _fail(name, value, "is out of range", f"{allowed} or None" if optional else allowed, hint)
+    return value
+
+
+def check_bool(name: str, value: Any, hint: str | None = None) -> bool:
+    """Return ``value`` if it is ``True`` or ``False``, else raise (``0``, ``1`` and strings are refused).
+
+    Example::
+
+        >>> check_bool("verbose", True)
+        True
+        >>> check_bool("verbose", "yes")
+        Traceback (most recent call last):
+        ...
+        lightning_speedups._errors.SpeedupConfigError: `verbose`='yes' is not supported. Allowed values: True, \
+False.
+    """
+    if not isinstance(value, bool):
+        raise _fail(name, value, "is not supported", "True, False", hint)
+    return value
+
+
+def check_callable(
+    name: str, value: Any, signature: str = "a callable", *, optional: bool = False, hint: str | None = None
+) -> Any:
+    """Return ``value`` if it is callable (or ``None`` when ``optional``), else raise.
+
+    Args:
+        name: the argument's name.
+        value: what the user passed.
+        signature: how the allowed callable looks, e.g. ``"a callable(module, fqn) -> bool"``.
+        optional: also accept ``None``.
+        hint: a ``HINT:`` appended to the message.
+
+    Example::
+
+        >>> check_callable("filter_fn", print, "a callable(module, fqn) -> bool", optional=True)
+        <built-in function print>
+        >>> check_callable("filter_fn", 3, "a callable(module, fqn) -> bool", optional=True)
+        Traceback (most recent call last):
+        ...
+        lightning_speedups._errors.SpeedupConfigError: `filter_fn`=3 is not callable. Allowed values: a \
+callable(module, fqn) -> bool or None.
+    """
+    if (optional and value is None) or callable(value):
+        return value
+    raise _fail(name, value, "is not callable", f"{signature} or None" if optional else signature, hint)
+
+
+def check_module_names(
+    name: str, names: str | Iterable[str], model: nn.Module, *, hint: str | None = None
+) -> list[str]:
+    """Return ``names`` as a list if each is a submodule of ``model`` (a name from ``named_modules()``), else raise.
+
+    The message names the unknown modules, close matches and the model's top-level modules.
+
+    Args:
+        name: the argument's name, e.g. ``"ignored_layers"``.
+        names: one module name or several.
+        model: the network whose ``named_modules()`` the names must come from.
+        hint: a ``HINT:`` appended to the message.
+
+    Returns:
+        The names, in the order given.
+
+    Raises:
+        SpeedupConfigError: for a name that is not a submodule (the model itself, ``""``, is not accepted).
+
+    Example::
+
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        >>> check_module_names("ignored_layers", ["0"], net)
+        ['0']
+        >>> check_module_names("ignored_layers", ["2"], net)
+        Traceback (most recent call last):
+        ...
+        lightning_speedups._errors.SpeedupConfigError: `ignored_layers` names '2', which is not a submodule of \
+Sequential. Allowed values: names from model.named_modules(), such as the top-level '0', '1'.
+    """
+    out = [names] if isinstance(names, str) else list(names)
+    known = dict(model.named_modules())
+    unknown = [n for n in out if not isinstance(n, str) or not n or n not in known]
+    if unknown:
+        candidates = [n for n in known if n]
+        close: list[str] = []
+        for bad in unknown:
+            close += [c for c in difflib.get_close_matches(str(bad), candidates, n=5, cutoff=0.5) if c not in close]
+        top = [n for n, _ in model.named_children()]
+        what = "which is not a submodule" if len(unknown) == 1 else "which are not submodules"
+        msg = (
+            f"`{name}` names {', '.join(map(repr, unknown))}, {what} of {type(model).__name__}. Allowed values: names "
+            f"from model.named_modules(), such as the top-level {', '.join(map(repr, top)) or '(none)'}."
+        )
+        if close:
+            msg += f" Close matches: {', '.join(map(repr, close))}."
         if hint:
             msg += f" HINT: {hint}"
         raise SpeedupConfigError(msg)
-    return value
+    return out
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
