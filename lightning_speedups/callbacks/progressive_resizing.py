@@ -1,0 +1,205 @@
+"""ProgressiveResizing callback: small training batches early in the run; full size at the end and in validation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
+
+from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.callbacks._batch_hooks import after_batch_to_device
+from lightning_speedups.functional.progressive_resizing import (
+    INTERPOLATIONS,
+    MODES,
+    check_resize_schedule,
+    progressive_scale,
+    resize_batch,
+    scaled_side,
+)
+
+__all__ = ["ProgressiveResizing"]
+
+
+class ProgressiveResizing(Callback):
+    """Resize every training batch on the fly with Composer's progressive schedule; validate at full size.
+
+    The scale follows :func:`~lightning_speedups.functional.progressive_resizing.progressive_scale` of the training
+    progress ``trainer.global_step / total_steps`` (optimizer steps, so all micro-batches of an accumulated step share
+    one size): ``initial_scale`` until ``delay_fraction``, a linear ramp, full size for the last
+    ``finetune_fraction``. Each batch is resized by
+    :func:`~lightning_speedups.functional.progressive_resizing.resize_batch` (floating-point 4-D tensors only) right
+    after the strategy moved it to the device, so resizing runs on the accelerator, any batch structure works
+    (tuples, dicts, bare tensors) and ``training_step`` as well as every batch hook see the resized images.
+    Validation, test and predict batches are left at full size.
+
+    The model must accept smaller inputs (global pooling before the classifier, as torchvision's CNNs have); at
+    ``fit`` start the callback runs ``example_input_array`` at the smallest size, in eval mode without gradients, and
+    refuses a model that fails with a hint.
+
+    Resume: the scale is a function of ``global_step``, which the checkpoint restores, so a resumed run sees the same
+    sizes as an uninterrupted one (crop offsets too: they are drawn from ``seed`` and the step). The run length and
+    the per-size batch counts are saved; resuming with a different run length stretches the schedule, with a warning.
+
+    Args:
+        initial_scale: image side scale at the start, in ``(0, 1]``.
+        finetune_fraction: final share of training at full size, in ``[0, 1]``.
+        delay_fraction: initial share of training at ``initial_scale``, in ``[0, 1]``; with ``finetune_fraction`` at
+            most 1 in total.
+        size_increment: sides are multiples of this (fewer distinct shapes for cuDNN benchmark / torch.compile).
+        mode: ``"resize"`` (interpolate) or ``"crop"`` (random crops of the scaled size).
+        interpolation: ``"bilinear"`` (antialiased), ``"bicubic"``, ``"nearest"`` or ``"area"``.
+        seed: seed of the crop offsets (``mode="crop"``).
+        total_steps: run length in optimizer steps; ``None`` uses ``trainer.estimated_stepping_batches``.
+
+    Example::
+
+        >>> trainer = L.Trainer(max_epochs=10, callbacks=[ProgressiveResizing(initial_scale=0.5)])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        initial_scale: float = 0.5,
+        finetune_fraction: float = 0.2,
+        delay_fraction: float = 0.5,
+        size_increment: int = 4,
+        mode: str = "resize",
+        interpolation: str = "bilinear",
+        seed: int = 0,
+        total_steps: int | None = None,
+    ) -> None:
+        check_resize_schedule(initial_scale, finetune_fraction, delay_fraction)
+        scaled_side(8, 1.0, size_increment)  # validates size_increment
+        check_choice("mode", mode, MODES)
+        check_choice("interpolation", interpolation, INTERPOLATIONS)
+        for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1)):
+            if value is None and name == "total_steps":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise SpeedupConfigError(f"`{name}`={value!r} is out of range. Allowed values: an integer >= {low}.")
+        self.initial_scale, self.finetune_fraction = initial_scale, finetune_fraction
+        self.delay_fraction = delay_fraction
+        self.size_increment, self.mode, self.interpolation, self.seed = size_increment, mode, interpolation, seed
+        self.total_steps = total_steps
+        self.sizes: dict[str, int] = {}  # "HxW" -> training batches seen at that size
+        self.last_scale = 1.0
+        self._total: int | None = None
+        self._saved_total: int | None = None
+        self._strategy: Any = None
+
+    def scale_at(self, step: int) -> float:
+        """The scale of the batches of optimizer step ``step`` (needs the run length: after ``fit`` started)."""
+        if self._total is None:
+            raise SpeedupConfigError("ProgressiveResizing.scale_at() needs the run length: call it once fit started.")
+        progress = min(1.0, step / self._total)
+        return progressive_scale(progress, self.initial_scale, self.finetune_fraction, self.delay_fraction)
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._strategy = trainer.strategy
+        after_batch_to_device(trainer.strategy, self.state_key, lambda batch, idx: self._resize(trainer, batch))
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        total = self.total_steps or trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise SpeedupConfigError(
+                "ProgressiveResizing needs the run length, but the Trainer is unbounded (max_epochs=-1 and no "
+                "max_steps). HINT: set Trainer(max_steps=...) or max_epochs, or ProgressiveResizing(total_steps=...)."
+            )
+        self._total = int(total)
+        if self._saved_total is not None and self._saved_total != self._total:
+            rank_zero_warn(
+                f"ProgressiveResizing: the checkpoint's run had {self._saved_total} steps, this one {self._total}; "
+                "the resizing schedule is stretched to the new length."
+            )
+        self._check_small_input(pl_module)
+        rank_zero_info(
+            f"ProgressiveResizing: scale {self.initial_scale} until {self.delay_fraction:.0%} of {self._total} steps, "
+            f"full size for the last {self.finetune_fraction:.0%}."
+        )
+
+    def _check_small_input(self, pl_module: L.LightningModule) -> None:
+        example = getattr(pl_module, "example_input_array", None)
+        if not isinstance(example, torch.Tensor) or example.dim() != 4 or not example.is_floating_point():
+            return
+        small = resize_batch(example.to(pl_module.device), self.initial_scale, self.mode, self.size_increment,
+                             self.interpolation)
+        modes = {m: m.training for m in pl_module.modules()}
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                pl_module(small)
+        except Exception as err:  # any failure of the user's forward at the small size
+            raise SpeedupConfigError(
+                f"ProgressiveResizing: `{type(pl_module).__name__}` fails on {tuple(small.shape[-2:])} inputs "
+                f"(`initial_scale`={self.initial_scale}): {type(err).__name__}: {err}. HINT: pool globally "
+                "(nn.AdaptiveAvgPool2d) before the classifier, or raise initial_scale."
+            ) from err
+        finally:
+            for m, mode in modes.items():
+                m.training = mode
+
+    def _resize(self, trainer: L.Trainer, batch: Any) -> Any:
+        if not trainer.training or self._total is None:
+            return batch  # validation, test, predict and the sanity check: full size
+        scale = self.scale_at(trainer.global_step)
+        self.last_scale = scale
+        generator = None
+        if self.mode == "crop":
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.global_step)
+        out = resize_batch(batch, scale, self.mode, self.size_increment, self.interpolation, generator)
+        image = next((t for t in _tensors(out) if t.dim() == 4 and t.is_floating_point()), None)
+        if image is not None:
+            key = f"{image.shape[-2]}x{image.shape[-1]}"
+            self.sizes[key] = self.sizes.get(key, 0) + 1
+        return out
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        pl_module.log("resize_scale", self.last_scale, on_step=True, on_epoch=False, batch_size=1)
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and self._strategy is not None:
+            after_batch_to_device(self._strategy, self.state_key, None)
+            self._strategy = None
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"total_steps": self._total, "sizes": dict(self.sizes), "last_scale": self.last_scale}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._saved_total = state_dict.get("total_steps")
+        self.sizes = dict(state_dict.get("sizes", {}))
+        self.last_scale = float(state_dict.get("last_scale", 1.0))
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, found.append)
+    return found
+
+
+register_technique(
+    TechniqueInfo(
+        name="progressive_resizing",
+        callback=ProgressiveResizing,
+        functional=resize_batch,
+        summary="progressive resizing: low-resolution training batches early, full resolution at the end",
+        mission_tip="3/6: cheaper steps early in training",
+        bench="lightning_speedups.benchmarks.time_to_accuracy:run_progressive_resizing",
+        example_kwargs={"initial_scale": 0.5},
+    )
+)
