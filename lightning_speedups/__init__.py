@@ -56,6 +56,9 @@ from lightning_speedups.optim import (
     suggest_lr,
 )
 
+# autotune: the plan measured on this model and machine
+from lightning_speedups.autotune import TunePlan, autotune, list_candidates
+
 # recipes
 from lightning_speedups.recipes import Recipe, fast_finetune, fast_train, get_recipe, list_recipes
 
@@ -136,6 +139,10 @@ __all__ = [
     "register_scheduler",
     "scale_lr",
     "suggest_lr",
+    # autotune
+    "TunePlan",
+    "autotune",
+    "list_candidates",
     # recipes
     "Recipe",
     "fast_finetune",

@@ -1,0 +1,250 @@
+"""autotune's candidates: each a small trial on copies of the user's model, decided by ``measure.compare``.
+
+A trial gets the current plan (what earlier trials kept) and returns a :class:`Choice`: the option it keeps and the
+evidence. Trials never touch the user's model, optimizer or dataloaders: they time training steps of deep copies
+on a copy of the first training batch. New candidates register with :func:`register_candidate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch import nn
+
+from lightning_speedups.measure import Comparison, compare
+
+__all__ = ["CANDIDATES", "Choice", "TrialContext", "register_candidate"]
+
+
+@dataclass
+class Choice:
+    """One decision of the plan: the option kept, its measured gain over the previous plan, and why."""
+
+    name: str
+    chosen: Any
+    options: list[Any] = field(default_factory=list)
+    gain: float = 1.0  # median speed ratio of the kept option over the plan before this trial
+    interval: tuple[float, float] = (1.0, 1.0)
+    trials: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "chosen": self.chosen, "options": self.options, "gain": self.gain,
+                "interval": list(self.interval), "trials": self.trials, "note": self.note}  # fmt: skip
+
+
+@dataclass
+class TrialContext:
+    """What every trial sees: the user's model (read only), a batch, the plan so far, the budget."""
+
+    model: nn.Module
+    batch: Any
+    device: torch.device
+    planned_steps: int
+    margin: float
+    deadline: float
+    plan: dict[str, Any]
+    clock: Callable[[], float] = time.perf_counter
+    notes: list[str] = field(default_factory=list)
+
+    def budget_left(self) -> float:
+        return self.deadline - self.clock()
+
+    def compare(self, fns: Mapping[str, Callable[[], Any]], baseline: str, share: float) -> Comparison:
+        """``measure.compare`` within ``share`` of the remaining budget."""
+        budget = max(self.budget_left() * share, 1e-3)
+        return compare(fns, baseline, min_gain=self.margin, budget_s=budget, min_rounds=5, warmup=1, clock=self.clock)
+
+
+def _loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    step = getattr(model, "training_step", None)
+    out = step(batch, 0) if callable(step) else model(batch)
+    if isinstance(out, Mapping):
+        out = out["loss"]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"training_step returned {type(out).__name__}, not a loss tensor")
+    return out
+
+
+def _scaled(batch: Any, k: int) -> Any:
+    """``batch`` with every batched tensor repeated ``k`` times along dim 0 (a batch ``k`` times larger)."""
+    if isinstance(batch, torch.Tensor):
+        return torch.cat([batch] * k) if batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        return {key: _scaled(v, k) for key, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_scaled(v, k) for v in batch)
+    return batch
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():  # the copies have no Trainer: self.log() only warns
+        warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
+        warnings.filterwarnings("ignore", message=r".*self\.trainer.*")
+        yield
+
+
+def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Callable[[], None]:
+    """One (or ``steps``) optimizer step(s) of a fresh copy of the model under ``plan``'s settings."""
+    model = _detached_copy(ctx.model).to(ctx.device)
+    scale = int(plan.get("batch_scale", 1))
+    batch = move_data_to_device(_scaled(ctx.batch, scale), ctx.device)
+    if plan.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+        batch = _to_channels_last(batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    impl = plan.get("implementation")
+    kwargs = {"fused": True} if impl == "fused" else {"foreach": True} if impl == "foreach" else {}
+    try:
+        optimizer = torch.optim.AdamW(params, lr=1e-4, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+    precision = plan.get("precision", "32-true")
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+
+    def step() -> None:
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            with _quiet(), torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = _loss(model, batch)
+            loss.backward()
+            optimizer.step()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return step
+
+
+def _detached_copy(module: nn.Module) -> nn.Module:
+    """A train-mode deep copy that never copies an attached Trainer (its ``self.log`` then only warns)."""
+    trainer = module.__dict__.get("_trainer")
+    memo = {id(trainer): None} if trainer is not None else {}
+    clone = copy.deepcopy(module, memo)
+    return clone.train()
+
+
+def _to_channels_last(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
+    if isinstance(batch, Mapping):
+        return {k: _to_channels_last(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_channels_last(v) for v in batch)
+    return batch
+
+
+def _decide(ctx: TrialContext, name: str, options: Mapping[str, dict[str, Any]], share: float) -> Choice:
+    """Time the plan with each option (the current plan is the baseline) and keep the winner in ``ctx.plan``."""
+    current = "current"
+    fns = {current: make_step(ctx, ctx.plan), **{k: make_step(ctx, {**ctx.plan, **v}) for k, v in options.items()}}
+    result = ctx.compare(fns, current, share)
+    chosen = result.winner
+    if chosen != current:
+        ctx.plan.update(options[chosen])
+    value = {k: ctx.plan.get(k, _DEFAULTS.get(k)) for k in next(iter(options.values()))}
+    lo, mid, hi = result.ratios.get(chosen, (1.0, 1.0, 1.0))
+    note = result.note or (f"{chosen} {mid:.2f}x faster" if chosen != current else "no option beat the plan")
+    return Choice(name, value if len(value) > 1 else next(iter(value.values())), ["current", *options], mid,
+                  (lo, hi), result.trials, note)  # fmt: skip
+
+
+_DEFAULTS: dict[str, Any] = {"precision": "32-true", "channels_last": False, "implementation": "for_loop"}
+
+
+def _precision(ctx: TrialContext, share: float) -> Choice | None:
+    options: dict[str, dict[str, Any]] = {}
+    if ctx.device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            options["bf16-mixed"] = {"precision": "bf16-mixed"}
+        options["16-mixed"] = {"precision": "16-mixed"}
+    elif not ctx.plan.get("no_bf16"):
+        options["bf16-mixed"] = {"precision": "bf16-mixed"}  # ~10x slower without bf16 units: measured, not assumed
+    options = {k: v for k, v in options.items() if v["precision"] != ctx.plan.get("precision")}
+    if not options:
+        ctx.notes.append("precision not tried: bf16 disabled (no_bf16=True) and no GPU for 16-mixed")
+        return None
+    return _decide(ctx, "precision", options, share)
+
+
+def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
+    images = [t for t in _tensors(ctx.batch) if t.dim() == 4]
+    if not images or not any(isinstance(m, nn.Conv2d) for m in ctx.model.modules()):
+        ctx.notes.append("channels_last not tried: no 4-D input or no Conv2d")
+        return None
+    return _decide(ctx, "channels_last", {"channels_last": {"channels_last": True}}, share)
+
+
+def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
+    options = {"foreach": {"implementation": "foreach"}, "fused": {"implementation": "fused"}}
+    return _decide(ctx, "optimizer", options, share)
+
+
+def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
+    # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won
+    scale, rounds, gain, interval, note = 1, 0, 1.0, (1.0, 1.0), ""
+    for trial in (2, 4):
+        fns = {"smaller": make_step(ctx, {**ctx.plan, "batch_scale": trial // 2}, steps=2),
+               "larger": make_step(ctx, {**ctx.plan, "batch_scale": trial}, steps=1)}  # fmt: skip
+        result = ctx.compare(fns, "smaller", share / 2)
+        rounds += result.trials
+        note = result.note
+        if result.winner != "larger":
+            break
+        lo, mid, hi = result.ratios["larger"]
+        scale, gain, interval = trial, gain * mid, (lo, hi)
+    ctx.plan["batch_scale"] = scale
+    note = note or (f"batch x{scale}: {gain:.2f}x the samples/s" if scale > 1 else "larger batches not faster")
+    return Choice("batch_size", scale, [1, 2, 4], gain, interval, rounds, note)
+
+
+def _compile(ctx: TrialContext, share: float) -> Choice | None:
+    budget = ctx.budget_left() * share
+    if budget < 30.0:  # inductor takes tens of seconds on a small CPU: not worth trying inside a small budget
+        ctx.notes.append(f"compile not tried: {budget:.0f}s of trial budget left; compiling takes tens of seconds")
+        return None
+    eager = make_step(ctx, ctx.plan)
+    t0 = ctx.clock()
+    model = _detached_copy(ctx.model).to(ctx.device)
+    compiled_ctx = TrialContext(torch.compile(model), ctx.batch, ctx.device, ctx.planned_steps, ctx.margin,
+                                ctx.deadline, ctx.plan, ctx.clock)  # fmt: skip
+    compiled = make_step(compiled_ctx, ctx.plan)
+    compiled()  # the compile happens here
+    compile_s = ctx.clock() - t0
+    result = ctx.compare({"eager": eager, "compiled": compiled}, "eager", share)
+    saved = (result.medians["eager"] - result.medians["compiled"]) * ctx.planned_steps
+    keep = result.winner == "compiled" and saved > compile_s
+    ctx.plan["compile"] = keep
+    lo, mid, hi = result.ratios["compiled"]
+    note = (f"compile {compile_s:.0f}s, saves {saved:.0f}s over {ctx.planned_steps} steps"
+            + ("" if keep else ": not paid back"))  # fmt: skip
+    return Choice("compile", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else []
+    return [t for v in values for t in _tensors(v)]
+
+
+# the order matters: precision first (the largest effect on CPUs with bf16 units and on GPUs), compile last
+CANDIDATES: dict[str, Callable[[TrialContext, float], Choice | None]] = {}
+
+
+def register_candidate(name: str, trial: Callable[[TrialContext, float], Choice | None]) -> None:
+    """Add a candidate ``trial(ctx, budget_share) -> Choice | None`` (``None``: not applicable, with a note)."""
+    CANDIDATES[name] = trial
+
+
+for _name, _trial in (("precision", _precision), ("channels_last", _channels_last), ("batch_size", _batch_size),
+                      ("optimizer", _optimizer), ("compile", _compile)):  # fmt: skip
+    register_candidate(_name, _trial)

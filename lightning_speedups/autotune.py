@@ -1,0 +1,232 @@
+"""``autotune``: measure what speeds up *this* model on *this* machine, and return the plan.
+
+Where a recipe encodes choices that were right on the machine it was tuned on, ``autotune`` measures each one on the
+user's model, data and hardware: every candidate runs a few training steps of a copy of the model, timed
+interleaved against the current plan (:func:`~lightning_speedups.measure.compare`), and is kept only when it beats
+the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_last, batch size (with LR scaling),
+the fused/foreach optimizer, the data path (device-resident data vs DataLoader workers) and ``torch.compile`` (kept
+only where its measured compile time is paid back within the planned run). The trials take at most 5% of the
+planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model signature), so a
+second run skips the trials.
+
+Example::
+
+    >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+    >>> model, data = DemoClassifier(width=8), DigitsDataModule(batch_size=32)
+    >>> plan = autotune(model, data, max_epochs=2, budget_s=5, cache=False)  # doctest: +SKIP
+    >>> callbacks, trainer_kwargs = plan  # doctest: +SKIP
+    >>> plan.apply(model, data)  # doctest: +SKIP
+    >>> L.Trainer(callbacks=callbacks, **trainer_kwargs).fit(model, data)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_speedups._autotune_cache import PlanCache, plan_key
+from lightning_speedups._autotune_trials import CANDIDATES, Choice, TrialContext
+from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._inputs import first_batch
+from lightning_speedups.optim import SpeedupMixin, scale_lr
+
+__all__ = ["TunePlan", "autotune", "list_candidates"]
+
+
+def list_candidates() -> list[str]:
+    """Names of the choices autotune can make, in the order it measures them."""
+    return list(CANDIDATES)
+
+
+@dataclass
+class TunePlan:
+    """What autotune kept: callbacks, Trainer arguments, settings for the model and data, and the evidence.
+
+    Unpacks as ``callbacks, trainer_kwargs = plan``; call :meth:`apply` to set the batch size (with LR scaling) and the
+    optimizer kernel on the model and datamodule.
+    """
+
+    settings: dict[str, Any]
+    choices: list[Choice]
+    callbacks: list[L.Callback] = field(default_factory=list)
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    from_cache: bool = False
+    trial_s: float = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.callbacks, self.trainer_kwargs))
+
+    @property
+    def gain(self) -> float:
+        """The product of the kept choices' measured step-time gains (an estimate of the whole plan's)."""
+        total = 1.0
+        for choice in self.choices:
+            total *= max(choice.gain, 1.0) if choice.chosen not in (False, None, 1, "current") else 1.0
+        return total
+
+    def apply(self, model: L.LightningModule, datamodule: Any = None) -> L.LightningModule:
+        """Set what cannot travel in callbacks: the batch size (and its LR scaling) and the optimizer kernel."""
+        scale = int(self.settings.get("batch_scale", 1))
+        impl = self.settings.get("implementation")
+        if scale > 1:
+            holder = next((h for h in (datamodule, model) if h is not None and hasattr(h, "batch_size")), None)
+            if holder is None:
+                self.notes.append(f"batch x{scale} not applied: no `batch_size` attribute on the datamodule or model")
+            else:
+                old = int(holder.batch_size)
+                holder.batch_size = old * scale
+                if isinstance(model, SpeedupMixin):  # keep the LR right for the larger batch (sqrt rule)
+                    cfg = model.optimizer_config
+                    model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, "sqrt"))
+        if impl and isinstance(model, SpeedupMixin):
+            model.optimizer_config = dataclasses.replace(model.optimizer_config, implementation=impl)
+        elif impl:
+            self.notes.append(f"optimizer {impl!r} not applied: the model's own configure_optimizers owns it")
+        return model
+
+    def to_text(self) -> str:
+        lines = [f"autotune plan ({'cached' if self.from_cache else f'{self.trial_s:.1f}s of trials'}):"]
+        for c in self.choices:
+            lines.append(f"  {c.name:<14} {c.chosen!s:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
+                         f"{c.trials} rounds  {c.note}")  # fmt: skip
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _train_loader(model: L.LightningModule, datamodule: Any, train_dataloaders: Any) -> Any:
+    if train_dataloaders is not None:
+        return train_dataloaders
+    source = datamodule if datamodule is not None else model
+    if datamodule is not None and hasattr(datamodule, "setup"):
+        datamodule.setup("fit")
+    try:
+        return source.train_dataloader()
+    except Exception as err:
+        raise SpeedupConfigError(
+            f"`datamodule_or_loaders`={type(source).__name__} gives no training data ({type(err).__name__}: {err}). "
+            "Allowed values: a LightningDataModule, a DataLoader, or None when the model has train_dataloader()."
+        ) from err
+
+
+def _planned_steps(loader: Any, trainer_kwargs: dict[str, Any]) -> int:
+    if trainer_kwargs.get("max_steps", -1) not in (-1, None):
+        return int(trainer_kwargs["max_steps"])
+    try:
+        per_epoch = len(loader)
+    except TypeError:
+        per_epoch = 100
+    return max(1, int(per_epoch) * int(trainer_kwargs.get("max_epochs") or 10))
+
+
+def autotune(
+    model: L.LightningModule,
+    datamodule_or_loaders: Any = None,
+    *,
+    candidates: Sequence[str] | None = None,
+    budget_s: float | None = None,
+    margin: float = 0.05,
+    cache: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+    no_bf16: bool = False,
+    clock: Any = time.perf_counter,
+    **trainer_kwargs: Any,
+) -> TunePlan:
+    """Measure the candidates on copies of ``model`` and return a :class:`TunePlan` (``model`` is not changed).
+
+    Args:
+        model: the LightningModule to tune (plain or :class:`SpeedupMixin`); its ``training_step`` is timed.
+        datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
+        candidates: a subset of :func:`list_candidates` (default: all).
+        budget_s: trial time; default 5% of the planned run (estimated from a first timed step).
+        margin: a candidate must beat the current plan by this fraction beyond noise.
+        cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``).
+        no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
+        clock: seconds as a float (tests inject a fake one).
+        **trainer_kwargs: the Trainer arguments of the planned run (``max_epochs``/``max_steps`` size it); returned
+            in the plan with the chosen precision.
+
+    Raises:
+        SpeedupConfigError: an unknown candidate, ``budget_s`` <= 0, ``margin`` < 0, no training data.
+    """
+    names = list(CANDIDATES) if candidates is None else list(candidates)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise SpeedupConfigError(f"`candidates` has unknown names {unknown!r}. Allowed values: {list(CANDIDATES)!r}.")
+    if budget_s is not None:
+        check_range("budget_s", budget_s, 0.0, None, low_inclusive=False, hint="seconds of trials, e.g. 30")
+    check_range("margin", margin, 0.0, None)
+    dm = datamodule_or_loaders if isinstance(datamodule_or_loaders, L.LightningDataModule) else None
+    loaders = None if dm is not None else datamodule_or_loaders
+    loader = _train_loader(model, dm, loaders)
+    batch = first_batch(loader)  # the global RNG is left as it was; the loader object is not changed
+    device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
+    steps = _planned_steps(loader, trainer_kwargs)
+    shapes = [list(t.shape) for t in _flat(batch)]
+    key = plan_key(model, shapes, {"candidates": names, "margin": margin, "no_bf16": no_bf16, "device": str(device)})
+    store = PlanCache(cache_dir) if cache else None
+    cached = store.get(key) if store is not None else None
+    if cached is not None:
+        plan = _build(dict(cached["settings"]), [Choice(**c) for c in cached["choices"]], trainer_kwargs, model)
+        plan.from_cache, plan.notes = True, [*cached.get("notes", []), f"plan from the cache ({key})"]
+        return plan
+    start = clock()
+    ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
+                       clock=clock)  # fmt: skip
+    ctx.plan["no_bf16"] = no_bf16
+    if budget_s is None:  # 5% of the planned run, from one timed step of the unchanged model
+        from lightning_speedups._autotune_trials import make_step
+
+        one = make_step(ctx, ctx.plan)
+        one()
+        t0 = clock()
+        one()
+        budget_s = max(0.05 * steps * (clock() - t0), 1.0)
+    ctx.deadline = start + budget_s
+    choices: list[Choice] = []
+    for i, name in enumerate(names):
+        if ctx.budget_left() <= 0:
+            ctx.notes.append(f"{name} not tried: the trial budget ({budget_s:.1f}s) is spent")
+            continue
+        choice = CANDIDATES[name](ctx, 1.0 / (len(names) - i))
+        if choice is not None:
+            choices.append(choice)
+    settings = {k: v for k, v in ctx.plan.items() if k != "no_bf16"}
+    plan = _build(settings, choices, trainer_kwargs, model)
+    plan.notes, plan.trial_s = ctx.notes, clock() - start
+    if store is not None:
+        store.put(key, {"settings": settings, "choices": [c.as_dict() for c in choices], "notes": ctx.notes})
+    rank_zero_info(plan.to_text())
+    return plan
+
+
+def _flat(batch: Any) -> list[torch.Tensor]:
+    from lightning_speedups._autotune_trials import _tensors
+
+    return _tensors(batch)
+
+
+def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict[str, Any], model: Any) -> TunePlan:
+    callbacks: list[L.Callback] = []
+    if settings.get("channels_last"):
+        from lightning_speedups.callbacks.channels_last import ChannelsLast
+
+        callbacks.append(ChannelsLast())
+    if settings.get("compile"):
+        from lightning_speedups.callbacks.compile import TorchCompile
+
+        callbacks.append(TorchCompile())
+    kwargs = dict(trainer_kwargs)
+    kwargs["precision"] = settings.get("precision", "32-true")
+    for choice in choices:
+        if isinstance(choice.interval, list):
+            choice.interval = tuple(choice.interval)  # type: ignore[assignment]
+    return TunePlan(settings, choices, callbacks, kwargs)

@@ -1,0 +1,171 @@
+"""autotune: decisions from (mocked) timings, compile pay-back, the plan cache, real trials that leave the model as
+it was, interruption, bad input. Speed itself is measured in the bench, never here."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups import _autotune_trials as trials
+from lightning_speedups.autotune import TunePlan, autotune, list_candidates
+from lightning_speedups.demo import DemoClassifier
+
+
+def _loader(n: int = 16, batch_size: int = 8) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
+                      batch_size=batch_size)  # fmt: skip
+
+
+class FakeMachine:
+    """A simulated clock and step costs per plan setting, with +-10% seeded jitter."""
+
+    def __init__(self, costs: dict[str, float], compile_s: float = 0.0, seed: int = 0) -> None:
+        self.now, self.costs, self.compile_s, self.rng, self.calls = 0.0, costs, compile_s, random.Random(seed), 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def make_step(self, ctx, plan, steps: int = 1):
+        cost = 1.0
+        cost *= self.costs.get(plan.get("precision", "32-true"), 1.0)
+        cost *= self.costs.get("channels_last", 1.0) if plan.get("channels_last") else 1.0
+        cost *= self.costs.get(str(plan.get("implementation")), 1.0)
+        scale = int(plan.get("batch_scale", 1))
+        cost *= scale * self.costs.get(f"x{scale}", 1.0)  # per-step cost grows with the batch, per-sample may not
+        compiled = getattr(ctx.model, "_fake_compiled", False)
+        cost *= self.costs.get("compiled", 1.0) if compiled else 1.0
+        first = [compiled]
+
+        def step() -> None:
+            self.calls += 1
+            if first[0]:
+                self.now += self.compile_s
+                first[0] = False
+            for _ in range(steps):
+                self.now += cost * (1.0 + self.rng.uniform(-0.1, 0.1))
+
+        return step
+
+
+def _patched(monkeypatch, machine: FakeMachine) -> None:
+    monkeypatch.setattr(trials, "make_step", machine.make_step)
+
+    def fake_compile(model, *args, **kwargs):
+        model._fake_compiled = True
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+
+
+def test_autotune_keeps_only_measured_gains(monkeypatch):
+    machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.7, "x4": 1.0, "fused": 0.85})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last", "batch_size",
+                    "optimizer"], budget_s=2000.0, cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+    chosen = {c.name: c.chosen for c in plan.choices}
+    assert chosen == {"precision": "bf16-mixed", "channels_last": False, "batch_size": 2, "optimizer": "fused"}
+    assert plan.trainer_kwargs == {"max_epochs": 1, "precision": "bf16-mixed"} and plan.callbacks == []
+    gains = {c.name: c.gain for c in plan.choices}
+    assert gains["precision"] == pytest.approx(2.0, rel=0.15) and gains["batch_size"] == pytest.approx(1.43, rel=0.15)
+    note = {c.name: c.note for c in plan.choices}["channels_last"]  # 1% faster: below the 5% margin
+    assert "within noise" in note or "no option beat the plan" in note
+    model = DemoClassifier(width=4)
+    plan.apply(model)  # no batch_size attribute anywhere: noted, not guessed
+    assert model.optimizer_config.implementation == "fused" and any("batch x2 not applied" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("planned_steps,kept", [(50, False), (100_000, True)])
+def test_autotune_compile_kept_only_when_paid_back(monkeypatch, planned_steps, kept):
+    machine = FakeMachine({"compiled": 0.5}, compile_s=40.0)
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], budget_s=5000.0, cache=False,
+                    clock=machine.clock, max_steps=planned_steps)  # fmt: skip
+    (choice,) = plan.choices
+    assert choice.chosen is kept and ("not paid back" in choice.note) is not kept
+    assert [type(cb).__name__ for cb in plan.callbacks] == (["TorchCompile"] if kept else [])
+
+
+def test_autotune_compile_not_tried_in_a_small_budget(monkeypatch):
+    machine = FakeMachine({})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], budget_s=10.0, cache=False,
+                    clock=machine.clock)  # fmt: skip
+    assert plan.choices == [] and any("compile not tried" in n for n in plan.notes)
+
+
+def test_autotune_cache_hit_corrupt_and_other_torch(monkeypatch, tmp_path):
+    machine = FakeMachine({"bf16-mixed": 0.5})
+    _patched(monkeypatch, machine)
+    kw = dict(candidates=["precision"], budget_s=500.0, cache_dir=tmp_path, clock=machine.clock, max_epochs=1)
+    first = autotune(DemoClassifier(width=4), _loader(), **kw)
+    calls = machine.calls
+    second = autotune(DemoClassifier(width=4), _loader(), **kw)
+    assert second.from_cache and machine.calls == calls  # no trial ran
+    assert second.trainer_kwargs == first.trainer_kwargs and second.choices[0].chosen == "bf16-mixed"
+    other = autotune(DemoClassifier(width=8), _loader(), **kw)  # another model signature: measured again
+    assert not other.from_cache and machine.calls > calls
+    cache_file = tmp_path / "autotune.json"
+    assert json.loads(cache_file.read_text())["format"] == 1  # plain JSON
+    cache_file.write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring the unreadable plan cache"):
+        again = autotune(DemoClassifier(width=4), _loader(), **kw)
+    assert not again.from_cache
+    data = json.loads(cache_file.read_text())
+    data["torch"] = "1.0.0"
+    cache_file.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="written with torch 1.0.0"):
+        assert not autotune(DemoClassifier(width=4), _loader(), **kw).from_cache
+    assert not list(tmp_path.glob(".autotune-*"))  # no temporary file left behind
+
+
+def test_autotune_real_trials_leave_model_and_data_unchanged():
+    model, loader = DemoClassifier(width=4), _loader()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    plan = autotune(model, loader, candidates=["channels_last", "optimizer"], budget_s=3.0, cache=False, max_epochs=1)
+    assert isinstance(plan, TunePlan) and {c.name for c in plan.choices} <= {"channels_last", "optimizer"}
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state()) and loader.batch_size == 8
+    callbacks, trainer_kwargs = plan
+    assert trainer_kwargs["precision"] in ("32-true", "bf16-mixed")
+
+
+def test_autotune_interrupted_mid_trial_leaves_everything(monkeypatch):
+    model, loader = DemoClassifier(width=4), _loader()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    original = trials.make_step
+
+    def interrupting(ctx, plan, steps=1):
+        step = original(ctx, plan, steps)
+        calls = [0]
+
+        def fn():
+            calls[0] += 1
+            if calls[0] == 2:
+                raise KeyboardInterrupt
+            step()
+
+        return fn
+
+    monkeypatch.setattr(trials, "make_step", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        autotune(model, loader, candidates=["channels_last"], budget_s=30.0, cache=False)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and next(iter(loader))[0].shape == (8, 3, 32, 32)
+
+
+def test_autotune_bad_input():
+    with pytest.raises(SpeedupConfigError, match="`candidates` has unknown names \\['turbo'\\]. Allowed values"):
+        autotune(DemoClassifier(width=4), _loader(), candidates=["turbo"])
+    with pytest.raises(SpeedupConfigError, match="`budget_s`=0 is out of range"):
+        autotune(DemoClassifier(width=4), _loader(), budget_s=0)
+    with pytest.raises(SpeedupConfigError, match="`budget_s`=-1 is out of range"):
+        autotune(DemoClassifier(width=4), _loader(), budget_s=-1)
+    assert list_candidates() == ["precision", "channels_last", "batch_size", "optimizer", "compile"]
