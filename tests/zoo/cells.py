@@ -288,7 +288,7 @@ def quantize_check(cell: Cell) -> tuple[str, str | None]:
     ref = _outputs(model)
     want = cell.expected
     try:
-        qmodel, report = ls.quantize_for_inference(model, inputs, repeats=1)
+        qmodel, report = ls.quantize_for_inference(model, inputs, repeats=2)
     except SpeedupConfigError as err:
         if isinstance(want, Refused) and re.search(want.pattern, str(err)):
             return f"refused: {_short(err)}", None

@@ -1,7 +1,8 @@
 """The architectures of the conformance zoo: public models in tiny configs, built offline with random weights.
 
 Each :class:`Arch` builds one LightningModule that owns its ``configure_optimizers`` (no mixin unless ``mixin``) and
-its synthetic train dataloader (deterministic tensors, ``batch_size`` 8, 2 batches per epoch, no shuffling).
+its synthetic dataloaders (deterministic tensors, ``batch_size`` 8, 2 training batches per epoch, no shuffling, one
+validation batch; Lightning's demo transformer keeps its training-only loop).
 ``example_input_array`` is *not* set: techniques that trace the model must derive an input from the first batch.
 
 Image nets see 3x32x32 inputs and 10 classes; token models see 12 tokens from a 100-word vocabulary. Widths and depths
@@ -162,6 +163,10 @@ class ZooModule(_Counted, L.LightningModule):
         self.log("train_loss", loss, batch_size=len(y))
         return loss
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        logits, y = self._logits_and_labels(batch)
+        self.log("val_loss", F.cross_entropy(logits, y), batch_size=len(y))
+
     def configure_optimizers(self) -> Any:
         # every parameter goes in (frozen ones too), as FineTuneFreezing asks; a per-epoch scheduler to keep in sync
         if self.kind == "tokens":
@@ -170,9 +175,16 @@ class ZooModule(_Counted, L.LightningModule):
             opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
         return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
 
-    def train_dataloader(self) -> DataLoader:
-        dataset = _DictDataset(token_data()) if self.kind == "tokens" else TensorDataset(*image_data())
+    def _loader(self, n: int, offset: int) -> DataLoader:
+        tokens = self.kind == "tokens"
+        dataset = _DictDataset(token_data(n, offset)) if tokens else TensorDataset(*image_data(n, offset))
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(SAMPLES, 0)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(BATCH, 2)  # one batch: every technique also meets an eval-mode, no-grad step
 
     def fixed_inputs(self) -> tuple[torch.Tensor, ...]:
         """Held-out forward arguments for comparing two models' outputs."""
@@ -193,7 +205,7 @@ class ZooMixinModule(SpeedupMixin, ZooModule):
 
 
 class ZooBoringModel(_Counted, BoringModel):
-    """Lightning's ``BoringModel`` (its own SGD + StepLR and MSE loss) on 16 fixed random vectors."""
+    """Lightning's ``BoringModel`` (its own SGD + StepLR, MSE loss and validation step) on fixed random vectors."""
 
     def __init__(self, arch: str = "boring") -> None:
         super().__init__()
@@ -203,11 +215,17 @@ class ZooBoringModel(_Counted, BoringModel):
         self._count()
         return super().training_step(batch, batch_idx)
 
-    def train_dataloader(self) -> DataLoader:
+    def _loader(self, n: int, seed: int) -> DataLoader:
         with torch.random.fork_rng():
-            torch.manual_seed(DATA_SEED)
-            dataset = RandomDataset(32, SAMPLES)
+            torch.manual_seed(seed)
+            dataset = RandomDataset(32, n)
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(SAMPLES, DATA_SEED)
+
+    def val_dataloader(self) -> DataLoader:  # BoringModel's own: 64 batches of 1 from the global RNG
+        return self._loader(BATCH, DATA_SEED + 2)
 
     def fixed_inputs(self) -> tuple[torch.Tensor, ...]:
         return (torch.randn(4, 32, generator=_generator(1)),)
