@@ -171,8 +171,10 @@ def check_int(
     return value
 
 
-def check_bool(name: str, value: Any, hint: str | None = None) -> bool:
-    """Return ``value`` if it is ``True`` or ``False``, else raise (``0``, ``1`` and strings are refused).
+def check_bool(name: str, value: Any, hint: str | None = None, *, optional: bool = False) -> Any:
+    """Return ``value`` if it is ``True`` or ``False`` (or ``None`` when ``optional``), else raise.
+
+    ``0``, ``1`` and strings are refused, unlike ``check_choice(name, value, (True, False))`` (``1 == True``).
 
     Example::
 
@@ -184,8 +186,8 @@ def check_bool(name: str, value: Any, hint: str | None = None) -> bool:
         lightning_speedups._errors.SpeedupConfigError: `verbose`='yes' is not supported. Allowed values: True, \
 False.
     """
-    if not isinstance(value, bool):
-        raise _fail(name, value, "is not supported", "True, False", hint)
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise _fail(name, value, "is not supported", "True, False, None" if optional else "True, False", hint)
     return value
 
 
@@ -248,7 +250,7 @@ def check_module_names(
 Sequential. Allowed values: names from model.named_modules(), such as the top-level '0', '1'.
     """
     out = [names] if isinstance(names, str) else list(names)
-    known = dict(model.named_modules())
+    known = dict(model.named_modules(remove_duplicate=False))  # a shared module is reachable under each name
     unknown = [n for n in out if not isinstance(n, str) or not n or n not in known]
     if unknown:
         candidates = [n for n in known if n]

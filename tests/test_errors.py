@@ -60,6 +60,9 @@ def test_check_bool():
     for bad in (1, 0, "yes", None):
         with pytest.raises(SpeedupConfigError, match=r"is not supported. Allowed values: True, False\."):
             check_bool("flag", bad)
+    assert check_bool("flag", None, optional=True) is None
+    with pytest.raises(SpeedupConfigError, match=r"^`flag`=1 is not supported. Allowed values: True, False, None\.$"):
+        check_bool("flag", 1, optional=True)
 
 
 def test_check_callable():

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int, check_range
 from lightning_speedups.functional._layer_groups import _under
 from lightning_speedups.functional.finetuning import (
     _is_norm_with_stats,
@@ -24,15 +24,6 @@ __all__ = ["BackboneSpec", "FineTuneConfig"]
 BackboneSpec = str | Sequence[str] | Callable[[nn.Module], Any] | None
 
 
-def _check_epoch(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpeedupConfigError(
-            f"`{name}`={value!r} is invalid. Allowed values: an integer >= 0{' or None' if allow_none else ''}."
-        )
-
-
 @dataclass
 class FineTuneConfig:
     """What to freeze and when to unfreeze it; see :class:`FineTuneFreezing` for the meaning of each field."""
@@ -46,43 +37,37 @@ class FineTuneConfig:
 
     def __post_init__(self) -> None:
         b = self.backbone
-        if isinstance(b, (list, tuple)):
-            if not b or not all(isinstance(n, str) and n for n in b):
-                raise SpeedupConfigError(f"`backbone`={b!r} must be a non-empty list of module names.")
-            self.backbone = list(b)
-        elif not (b is None or (isinstance(b, str) and b) or callable(b)):
+        names_ok = isinstance(b, (list, tuple)) and b and all(isinstance(n, str) and n for n in b)
+        if not (b is None or (isinstance(b, str) and b) or names_ok or callable(b)):
             raise SpeedupConfigError(
                 f"`backbone`={b!r} is not supported. Allowed values: None (auto: everything but the head), an "
-                "attribute name, a list of module names, or a callable model -> module / names."
+                "attribute name, a non-empty list of module names, or a callable model -> module / names."
             )
-        _check_epoch("unfreeze_at_epoch", self.unfreeze_at_epoch, allow_none=True)
-        if self.unfreeze_every is not None and (
-            isinstance(self.unfreeze_every, bool) or not isinstance(self.unfreeze_every, int) or self.unfreeze_every < 1
-        ):
-            raise SpeedupConfigError(
-                f"`unfreeze_every`={self.unfreeze_every!r} is invalid. Allowed values: an integer >= 1 or None "
-                "(unfreeze everything at once)."
-            )
+        if isinstance(b, (list, tuple)):
+            self.backbone = list(b)
+        check_int("unfreeze_at_epoch", self.unfreeze_at_epoch, 0, optional=True)
+        check_int("unfreeze_every", self.unfreeze_every, 1, optional=True, hint="None unfreezes everything at once.")
         check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_inclusive=False,
                     hint="each deeper layer group trains at lr x lr_decay^depth; 1.0 means one lr for all.")
-        if not isinstance(self.train_bn, bool):
-            raise SpeedupConfigError(f"`train_bn`={self.train_bn!r} must be True or False.")
+        check_bool("train_bn", self.train_bn)
         if self.schedule is not None:
             self._check_schedule()
 
     def _check_schedule(self) -> None:
         if not isinstance(self.schedule, Mapping) or not self.schedule:
             raise SpeedupConfigError(
-                f"`schedule`={self.schedule!r} must be a non-empty dict {{epoch: [module names]}}."
+                f"`schedule`={self.schedule!r} is not supported. Allowed values: None or a non-empty dict "
+                "{epoch: [module names]}."
             )
         if self.unfreeze_every is not None:
             raise SpeedupConfigError(
-                "`schedule` and `unfreeze_every` were both given. HINT: pass one; the schedule sets every epoch."
+                "`schedule` and `unfreeze_every` were both given. Allowed values: one of them. HINT: the schedule "
+                "sets every epoch."
             )
         out: dict[int, list[str]] = {}
         prev = -1
         for epoch, names in self.schedule.items():
-            _check_epoch(f"schedule key {epoch!r}", epoch)
+            check_int(f"schedule key {epoch!r}", epoch, 0)
             if epoch <= prev:
                 raise SpeedupConfigError(
                     f"`schedule` epochs are out of order: {list(self.schedule)}. Allowed values: strictly increasing "
@@ -91,13 +76,17 @@ class FineTuneConfig:
             prev = epoch
             names = [names] if isinstance(names, str) else list(names)
             if not names or not all(isinstance(n, str) and n for n in names):
-                raise SpeedupConfigError(f"`schedule[{epoch}]`={names!r} must be a non-empty list of module names.")
+                raise SpeedupConfigError(
+                    f"`schedule[{epoch}]`={names!r} is not supported. Allowed values: a module name or a non-empty "
+                    "list of them."
+                )
             out[epoch] = names
         first = next(iter(out))
         if self.unfreeze_at_epoch not in (1, first):
             raise SpeedupConfigError(
                 f"`unfreeze_at_epoch`={self.unfreeze_at_epoch!r} conflicts with `schedule` (first epoch {first}). "
-                "HINT: leave `unfreeze_at_epoch` at its default when giving a schedule."
+                f"Allowed values: 1 (the default) or {first}. HINT: leave `unfreeze_at_epoch` at its default when "
+                "giving a schedule."
             )
         self.schedule = out
 
@@ -119,11 +108,17 @@ def _resolve_backbone(model: nn.Module, spec: BackboneSpec) -> list[str]:
         if isinstance(result, nn.Module):
             names = [n for n, m in model.named_modules() if m is result and n]
             if not names:
-                raise SpeedupConfigError("`backbone` callable returned a module that is not a submodule of the model.")
+                raise SpeedupConfigError(
+                    "`backbone` callable returned a module that is not a submodule of the model. Allowed values: a "
+                    "callable returning a submodule of the model or module names."
+                )
             return names[:1]
         spec = result
         if not (isinstance(spec, str) or (isinstance(spec, Sequence) and spec)):
-            raise SpeedupConfigError(f"`backbone` callable returned {spec!r}; expected a module or module names.")
+            raise SpeedupConfigError(
+                f"`backbone` callable returned {spec!r}. Allowed values: a callable returning a submodule of the model "
+                "or module names."
+            )
     names = [spec] if isinstance(spec, str) else list(spec)  # type: ignore[arg-type]
     return resolve_module_names(model, names, "backbone")
 
@@ -145,8 +140,9 @@ def _plan(model: nn.Module, cfg: FineTuneConfig) -> tuple[list[_Group], list[str
         inside = [r for r in roots if head is not None and _under(head, r)]
         if inside:
             raise SpeedupConfigError(
-                f"`backbone`={cfg.backbone!r} contains the head {head!r}: nothing would be left to train. HINT: "
-                f"name the feature extractor only, e.g. {backbone_roots(model, head)[:6]}."
+                f"`backbone`={cfg.backbone!r} contains the head {head!r}: nothing would be left to train. Allowed "
+                f"values: modules outside the head, e.g. {backbone_roots(model, head)[:6]}. HINT: name the feature "
+                "extractor only."
             )
         backbone = [n for n in params if any(_under(n, r) for r in roots)]
     trainable = [n for n in params if n not in set(backbone)]
@@ -160,12 +156,16 @@ def _plan(model: nn.Module, cfg: FineTuneConfig) -> tuple[list[_Group], list[str
             outside = [n for n in names if not any(_under(n, r) for r in roots)]
             if outside:
                 raise SpeedupConfigError(
-                    f"`schedule[{epoch}]` names {outside}, which are not part of the backbone {roots}. HINT: the head "
-                    "always trains; the schedule lists backbone modules only."
+                    f"`schedule[{epoch}]` names {outside}, which are not part of the backbone {roots}. Allowed values: "
+                    "modules inside the backbone. HINT: the head always trains; the schedule lists backbone modules "
+                    "only."
                 )
             mine = [p for p in backbone if p not in taken and any(_under(p, n) for n in names)]
             if not mine:
-                raise SpeedupConfigError(f"`schedule[{epoch}]`={names} unfreezes no parameter not already scheduled.")
+                raise SpeedupConfigError(
+                    f"`schedule[{epoch}]`={names} unfreezes no parameter not already scheduled. Allowed values: "
+                    "modules holding parameters that no earlier entry unfreezes."
+                )
             taken.update(mine)
             groups.append(_Group("+".join(names), list(names), mine, depth=depth, epoch=epoch, lr_mult=decay**depth))
         rest = [p for p in backbone if p not in taken]

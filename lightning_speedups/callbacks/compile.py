@@ -103,8 +103,9 @@ class TorchCompile(Callback):
         ]
         if not names:
             raise SpeedupConfigError(
-                f"TorchCompile found nothing to compile in `{type(pl_module).__name__}`: no `forward` and no child "
-                "module with parameters. HINT: pass `compile_attr` with the submodule(s) your training_step calls."
+                f"`compile_attr`=None: TorchCompile found nothing to compile in `{type(pl_module).__name__}`: no "
+                "`forward` and no child module with parameters. Allowed values: the submodule name(s) your "
+                "training_step calls. HINT: pass `compile_attr`, e.g. compile_attr='backbone'."
             )
         return names
 

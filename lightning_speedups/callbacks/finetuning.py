@@ -158,7 +158,8 @@ class FineTuneFreezing(Callback):
         if self.trainable_params(pl_module) == 0 and not self.target(0):
             raise SpeedupConfigError(
                 f"Nothing to train: with `backbone`={self.config.backbone!r} every parameter is frozen at epoch 0. "
-                "HINT: leave the head (and any new layers) outside the backbone, or set `unfreeze_at_epoch=0`."
+                "Allowed values: a backbone that leaves some parameter trainable, or `unfreeze_at_epoch`=0. HINT: "
+                "leave the head (and any new layers) outside the backbone."
             )
         last = [g.epoch for g in self.groups if g.epoch is not None]
         if last and trainer.max_epochs not in (None, -1) and max(last) >= trainer.max_epochs:
@@ -215,8 +216,9 @@ class FineTuneFreezing(Callback):
         if missing:
             raise SpeedupConfigError(
                 f"FineTuneFreezing: {len(missing)} backbone parameters that will be unfrozen (e.g. {missing[0]!r}) are "
-                "in no optimizer param group. HINT: build the optimizer from all of `self.parameters()`, frozen ones "
-                "included (they get no gradient while frozen), as SpeedupMixin does; do not filter on requires_grad."
+                "in no optimizer param group. Allowed values: an optimizer over all of `self.parameters()`. HINT: "
+                "build it from the frozen parameters too (they get no gradient while frozen), as SpeedupMixin does; do "
+                "not filter on requires_grad."
             )
         for opt in trainer.optimizers:  # unfrozen params join groups that already stepped: fused SGD needs buffers
             guard_fused_momentum(opt)

@@ -18,7 +18,7 @@ from lightning_speedups._compat import (
     is_spawn_launcher,
     spawn_drop_returned_weights,
 )
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 from lightning_speedups._inputs import example_from_batch, first_batch
 from lightning_speedups._rebuild import rebuild_optimizers, rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
@@ -116,19 +116,12 @@ class Pruning(L.Callback):
         check_range("amount", amount, 0.0, 1.0, high_inclusive=False, hint="a fraction, e.g. 0.5 for half.")
         allowed = STRUCTURED_IMPORTANCES if mode == "structured" else UNSTRUCTURED_IMPORTANCES
         check_choice("importance", importance, allowed, hint="taylor and bn_scale rank whole channels (structured).")
-        if not isinstance(start_epoch, int) or start_epoch < 0:
-            raise SpeedupConfigError(f"`start_epoch`={start_epoch!r} is invalid. Allowed values: an integer >= 0.")
+        check_int("start_epoch", start_epoch, 0)
         end_epoch = start_epoch if end_epoch is None else end_epoch
-        if not isinstance(end_epoch, int) or end_epoch < start_epoch:
-            raise SpeedupConfigError(
-                f"`end_epoch`={end_epoch!r} is before `start_epoch`={start_epoch}. Allowed values: an integer >= "
-                f"{start_epoch}."
-            )
-        if not isinstance(steps, int) or not 1 <= steps <= end_epoch - start_epoch + 1:
-            raise SpeedupConfigError(
-                f"`steps`={steps!r} is invalid for epochs [{start_epoch}, {end_epoch}]. Allowed values: 1 to "
-                f"{end_epoch - start_epoch + 1}. HINT: pruning runs at most once per epoch; widen the epoch range."
-            )
+        check_int("end_epoch", end_epoch, start_epoch, hint="the last epoch that prunes; not before `start_epoch`.")
+        epochs = f"[{start_epoch}, {end_epoch}]"
+        check_int("steps", steps, 1, end_epoch - start_epoch + 1,
+                  hint=f"pruning runs at most once per epoch in {epochs}; widen the epoch range.")  # fmt: skip
         if importance == "taylor" and start_epoch < 1:
             raise SpeedupConfigError(
                 "`importance`='taylor' with `start_epoch`=0 has no gradients to rank channels with. Allowed values: "

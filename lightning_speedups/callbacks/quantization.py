@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_speedups._compat import before_model_weights_load
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
+from lightning_speedups._errors import SpeedupConfigError, check_callable, check_choice, check_int, require
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import apply_structure_records, store_structure_record
 from lightning_speedups.functional.quantization import (
@@ -82,14 +82,9 @@ class QuantizationAwareTraining(Callback):
         backend: str = "auto",
         example_inputs: Any = None,
     ) -> None:
-        if not isinstance(start_epoch, int) or start_epoch < 0:
-            raise SpeedupConfigError(f"`start_epoch`={start_epoch!r} must be an integer >= 0.")
-        if freeze_bn_epoch is not None:
-            if not isinstance(freeze_bn_epoch, int) or freeze_bn_epoch < start_epoch:
-                raise SpeedupConfigError(
-                    f"`freeze_bn_epoch`={freeze_bn_epoch!r} must be None or an integer >= `start_epoch`={start_epoch}."
-                    " HINT: freeze BatchNorm statistics late in QAT, after the fake quantizers were inserted."
-                )
+        check_int("start_epoch", start_epoch, 0)
+        check_int("freeze_bn_epoch", freeze_bn_epoch, start_epoch, optional=True,
+                  hint=f"freeze BatchNorm statistics late in QAT, not before `start_epoch`={start_epoch}.")  # fmt: skip
         check_choice("backend", backend, ("auto", *INFERENCE_BACKENDS))
         self.config = FakeQuantConfig(weight_dtype, activation_dtype, tuple(layers), tuple(exclude))
         self.start_epoch = start_epoch
@@ -112,7 +107,8 @@ class QuantizationAwareTraining(Callback):
         if self.convert_on_fit_end and self.example_inputs is None and pl_module.example_input_array is None:
             raise SpeedupConfigError(
                 "`convert_on_fit_end`=True needs `example_inputs` (or `pl_module.example_input_array`) to measure "
-                "the int8 model. HINT: pass a batch with a realistic batch size."
+                "the int8 model. Allowed values: convert_on_fit_end=False, or pass `example_inputs`. HINT: pass a "
+                "batch with a realistic batch size."
             )
         prepare_qat(pl_module, self.config, dry_run=True)  # raises now if no layer is eligible
         # resume: rebuild the fake quantizers right before the strategy restores the weights
@@ -189,9 +185,8 @@ class Float8Training(Callback):
         skip_if_unsupported: bool = False,
     ) -> None:
         check_choice("recipe", recipe, FLOAT8_RECIPES)
-        check_range("min_features", min_features, 16, None, hint="float8 GEMMs need dims divisible by 16")
-        if filter_fn is not None and not callable(filter_fn):
-            raise SpeedupConfigError(f"`filter_fn`={filter_fn!r} must be callable(module, fqn) -> bool or None.")
+        check_int("min_features", min_features, 16, hint="float8 GEMMs need dims divisible by 16.")
+        check_callable("filter_fn", filter_fn, "a callable(module, fqn) -> bool", optional=True)
         self.recipe = recipe
         self.min_features = int(min_features)
         self.exclude = tuple(exclude)
@@ -210,7 +205,8 @@ class Float8Training(Callback):
                 rank_zero_warn(f"Float8Training skipped: {reason}.")
                 return
             raise SpeedupConfigError(
-                f"`Float8Training`: {reason}. HINT: pass `skip_if_unsupported`=True to train in the usual precision."
+                f"`Float8Training`: {reason}. Allowed values: a CUDA GPU with compute capability >= 8.9. HINT: pass "
+                "`skip_if_unsupported`=True to train in the usual precision."
             )
         # before configure_optimizers: Float8Linear keeps the same Parameters
         self.summary = convert_to_float8(

@@ -8,13 +8,12 @@ a Swin's ``features[i]``. One structural rule finds them in all of these without
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_module_names
 
 __all__ = [
     "HEAD_NAMES",
@@ -116,19 +115,7 @@ def head_modules(model: nn.Module, head: str | None = None) -> list[str]:
 
 def resolve_module_names(model: nn.Module, names: Iterable[str], arg: str = "module names") -> list[str]:
     """Check that every name is a submodule of ``model``; unknown names raise and list close matches."""
-    known = dict(model.named_modules())
-    out = []
-    for name in names:
-        if not isinstance(name, str) or name not in known or name == "":
-            candidates = [n for n in known if n]
-            close = difflib.get_close_matches(str(name), candidates, n=5, cutoff=0.5)
-            top = [n for n, _ in model.named_children()]
-            msg = f"`{arg}` names {name!r}, which is not a submodule of {type(model).__name__}."
-            msg += f" Close matches: {', '.join(map(repr, close))}." if close else ""
-            msg += f" Top-level modules: {', '.join(map(repr, top))}."
-            raise SpeedupConfigError(msg)
-        out.append(name)
-    return out
+    return check_module_names(arg, list(names), model)
 
 
 def backbone_roots(model: nn.Module, head: str | Sequence[str] | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import check_module_names
 from lightning_speedups._rebuild import ParamOrigin
 from lightning_speedups.functional._masks import weight_mask
 
@@ -159,14 +159,6 @@ def default_ignored_layers(model: nn.Module, example_inputs: Any = None) -> list
 
 
 def resolve_layers(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
-    known = dict(model.named_modules())
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        sample = [n for n in known if n][:8]
-        raise SpeedupConfigError(
-            f"`ignored_layers` names unknown modules: {unknown!r}. Allowed values: names from "
-            f"model.named_modules(), e.g. {sample!r}. HINT: use the attribute path, like 'head' or 'backbone.0.0'."
-        )
-    return [known[n] for n in names]
-
-
+    hint = "use the attribute path, like 'head' or 'backbone.0.0'."
+    check_module_names("ignored_layers", [n for n in names if n != ""], model, hint=hint)  # "" is the model itself
+    return [model.get_submodule(n) for n in names]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_callable, check_choice, check_module_names
 
 __all__ = [
     "COMPILE_MODES",
@@ -69,14 +69,9 @@ class CompileConfig:
         check_choice(
             "mode", self.mode, COMPILE_MODES, hint="see torch._inductor.list_mode_options() for what each mode sets."
         )
-        for name, allowed in (
-            ("dynamic", [None, True, False]),
-            ("fullgraph", [True, False]),
-            ("fallback", [True, False]),
-        ):
-            value = getattr(self, name)
-            if not (value is None or isinstance(value, bool)) or value not in allowed:
-                raise SpeedupConfigError(f"`{name}`={value!r} is not supported. Allowed values: {allowed}.")
+        check_bool("dynamic", self.dynamic, optional=True)
+        check_bool("fullgraph", self.fullgraph)
+        check_bool("fallback", self.fallback)
         if isinstance(self.backend, str):
             import torch._dynamo
 
@@ -87,8 +82,8 @@ class CompileConfig:
                     f"`mode`={self.mode!r} only applies to `backend`='inductor', got `backend`={self.backend!r}. "
                     "Allowed values: mode='default' with other backends."
                 )
-        elif not callable(self.backend):
-            raise SpeedupConfigError(f"`backend`={self.backend!r} must be a backend name (str) or a callable.")
+        else:
+            check_callable("backend", self.backend, "a backend name (str) or a callable")
 
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile``."""
@@ -148,25 +143,17 @@ class _CompiledCall:
 def _resolve_targets(module: nn.Module, attrs: str | Sequence[str] | None) -> list[str]:
     names = [""] if attrs is None else [attrs] if isinstance(attrs, str) else list(attrs)
     if not names:
-        raise SpeedupConfigError("`attrs`=[] names no module to compile. HINT: pass None to compile the whole module.")
-    children = [n for n, _ in module.named_children()]
-    for name in names:
-        if not isinstance(name, str):
-            raise SpeedupConfigError(f"`attrs` entries must be dotted module names (str), got {name!r}.")
-        if name:
-            try:
-                module.get_submodule(name)
-            except AttributeError:
-                raise SpeedupConfigError(
-                    f"`attrs` entry {name!r} is not a submodule of `{type(module).__name__}`. "
-                    f"Allowed values: dotted submodule names such as {', '.join(map(repr, children))}."
-                ) from None
+        raise SpeedupConfigError(
+            "`attrs`=[] names no module to compile. Allowed values: None, a submodule name or a non-empty list of "
+            "them. HINT: pass None to compile the whole module."
+        )
+    check_module_names("attrs", [n for n in names if n != ""], module)  # "" is the module itself
     for a in names:
         for b in names:
             if a != b and (a == "" or b.startswith(a + ".")):
                 raise SpeedupConfigError(
-                    f"`attrs` entries {a!r} and {b!r} overlap: one is inside the other. "
-                    "HINT: compile the outer module only; it covers the inner one."
+                    f"`attrs` entries {a!r} and {b!r} overlap: one is inside the other. Allowed values: modules "
+                    "that do not contain each other. HINT: compile the outer module only; it covers the inner one."
                 )
     return names
 
@@ -208,7 +195,10 @@ def compile_model(
     if config is None:
         config = CompileConfig(**kwargs)
     elif kwargs:
-        raise SpeedupConfigError(f"pass either `config` or keyword arguments, not both (got {sorted(kwargs)}).")
+        raise SpeedupConfigError(
+            f"`config`={config!r} and keyword arguments {sorted(kwargs)} were both given. Allowed values: either "
+            "`config` or keyword arguments, not both."
+        )
     names = _resolve_targets(module, attrs)
     compile_kwargs = config.compile_kwargs()
     for name in names:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError, check_int
 from lightning_speedups.functional._layer_groups import (
     HEAD_NAMES,
     POOLER_NAMES,
@@ -139,7 +139,8 @@ def _head_layer(model: nn.Module, head: str | None = None) -> tuple[str, nn.Modu
             target = (f"{head_name}.{name}" if name else head_name, mod)
     if target is None:
         raise SpeedupConfigError(
-            f"`head`={head_name!r} ({type(head_mod).__name__}) holds no Linear or 1x1 Conv2d layer to replace."
+            f"`head`={head_name!r} ({type(head_mod).__name__}) holds no Linear or 1x1 Conv2d layer to replace. "
+            "Allowed values: a module holding an nn.Linear or a 1x1 nn.Conv2d."
         )
     return target
 
@@ -164,8 +165,7 @@ def replace_head(model: nn.Module, num_classes: int, head: str | None = None) ->
         >>> replace_head(resnet18(), 5)
         {'layer': 'fc', 'in_features': 512, 'old_classes': 1000, 'num_classes': 5}
     """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise SpeedupConfigError(f"`num_classes`={num_classes!r} is out of range. Allowed values: an integer >= 1.")
+    check_int("num_classes", num_classes, 1)
     full, old = _head_layer(model, head)
     p = old.weight
     new: nn.Module
@@ -191,7 +191,10 @@ def _unwrap_state_dict(obj: Any) -> dict[str, torch.Tensor]:
             if key in obj and isinstance(obj[key], Mapping):
                 return _unwrap_state_dict(obj[key])
         return dict(obj)
-    raise SpeedupConfigError(f"The file holds a {type(obj).__name__}, not a state dict.")
+    raise SpeedupConfigError(
+        f"The file holds a {type(obj).__name__}, not a state dict. Allowed values: a state dict, a module, or a "
+        "checkpoint dict with one under 'state_dict', 'model_state_dict' or 'model'."
+    )
 
 
 def _head_out(state: Mapping[str, torch.Tensor], layer: str) -> int | None:
@@ -237,6 +240,7 @@ def load_pretrained(
     Raises:
         SpeedupConfigError: unknown ``arch``/``weights``, a missing or unreadable ``path``, or weights that are neither
             cached nor downloadable.
+        SpeedupRuntimeError: the download started but failed (network error).
 
     Example::
 
@@ -250,19 +254,24 @@ def load_pretrained(
     if arch not in available:
         close = difflib.get_close_matches(str(arch), available, n=5)
         raise SpeedupConfigError(
-            f"`arch`={arch!r} is not a torchvision classification model. Close matches: "
-            f"{', '.join(map(repr, close)) or 'none'}. HINT: see torchvision.models.list_models()."
+            f"`arch`={arch!r} is not a torchvision classification model. Allowed values: a name from "
+            f"torchvision.models.list_models(). Close matches: {', '.join(map(repr, close)) or 'none'}."
         )
     state: dict[str, torch.Tensor] | None = None
     if path is not None:
         if not os.path.isfile(path):
-            raise SpeedupConfigError(f"`path`={os.fspath(path)!r} does not exist or is not a file.")
+            raise SpeedupConfigError(
+                f"`path`={os.fspath(path)!r} does not exist or is not a file. Allowed values: a state-dict file."
+            )
         try:
             state = _unwrap_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         except SpeedupConfigError:
             raise
         except Exception as err:  # a corrupt or non-torch file: say which file, keep the cause
-            raise SpeedupConfigError(f"`path`={os.fspath(path)!r} could not be loaded as a state dict: {err}") from err
+            raise SpeedupConfigError(
+                f"`path`={os.fspath(path)!r} could not be loaded as a state dict: {err}. Allowed values: a file "
+                "saved with torch.save(model.state_dict())."
+            ) from err
     elif weights is not None:
         state = _weights_state_dict(arch, weights, download=download, timeout=timeout)
     model = torchvision.models.get_model(arch, weights=None)
@@ -274,7 +283,8 @@ def load_pretrained(
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise SpeedupConfigError(
-                f"The weights do not fit `arch`={arch!r}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}."
+                f"The weights do not fit `arch`={arch!r}: missing keys {missing[:5]}, unexpected keys "
+                f"{unexpected[:5]}. Allowed values: weights of a {arch!r} model."
             )
     if num_classes is not None:
         replace_head(model, num_classes)
@@ -302,14 +312,17 @@ def _weights_state_dict(arch: str, weights: Any, *, download: bool, timeout: flo
         if reason is not None:
             raise SpeedupConfigError(
                 f"`weights`={member} for `arch`={arch!r} are not in the torch hub cache ({cached}) and cannot be "
-                f"downloaded from {member.url} ({reason}). HINT: copy the file to that path on an offline machine, or "
-                "pass `path=` to a local state-dict file."
+                f"downloaded from {member.url} ({reason}). Allowed values: weights in that cache, or `path=` a local "
+                "state-dict file. HINT: on an offline machine, copy the file to that path."
             )
     old = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout)  # urllib has no timeout of its own: a stalled download must not hang
     try:
         return member.get_state_dict(progress=False, check_hash=False)
     except OSError as err:
-        raise SpeedupConfigError(f"`weights`={member} could not be downloaded from {member.url}: {err}") from err
+        raise SpeedupRuntimeError(
+            f"`weights`={member} could not be downloaded from {member.url}: {err}. HINT: retry, or pass `path=` to a "
+            "local state-dict file."
+        ) from err
     finally:
         socket.setdefaulttimeout(old)

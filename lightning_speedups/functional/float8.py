@@ -85,7 +85,8 @@ def convert_to_float8(
         ok, reason = float8_supported()
         if not ok:
             raise SpeedupConfigError(
-                f"float8 is unavailable: {reason}. HINT: Float8Training(skip_if_unsupported=True) skips instead."
+                f"float8 is unavailable: {reason}. Allowed values: a CUDA GPU with compute capability >= 8.9, or "
+                "`check_hardware`=False. HINT: Float8Training(skip_if_unsupported=True) skips instead."
             )
     summary = Float8Summary()
     for name, module in model.named_modules():
@@ -97,7 +98,8 @@ def convert_to_float8(
     if not summary.converted:
         raise SpeedupConfigError(
             f"`model` has no nn.Linear eligible for float8 (`min_features`={min_features}). Skipped: "
-            f"{summary.skipped or 'no nn.Linear layers'}. HINT: float8 pays off for Linear layers >= 1024 wide."
+            f"{summary.skipped or 'no nn.Linear layers'}. Allowed values: a model with an nn.Linear that passes "
+            "`min_features`, `exclude` and `filter_fn`. HINT: float8 pays off for Linear layers >= 1024 wide."
         )
     f8 = require("torchao.float8", "quantization", "Float8 training")
     chosen = set(summary.converted)

@@ -189,7 +189,8 @@ def prepare_qat(model: nn.Module, config: FakeQuantConfig | None = None, dry_run
     if not summary.converted:
         raise SpeedupConfigError(
             f"`model` has no layer eligible for QAT with `layers`={config.layers!r}, `exclude`={config.exclude!r}. "
-            f"Skipped: {summary.skipped or 'no Linear/Conv2d layers'}. HINT: QAT converts nn.Linear and nn.Conv2d."
+            f"Skipped: {summary.skipped or 'no Linear/Conv2d layers'}. Allowed values: a model with an nn.Linear or "
+            "nn.Conv2d layer of a kind in `layers` and not in `exclude`. HINT: QAT converts nn.Linear and nn.Conv2d."
         )
     return summary
 

@@ -66,7 +66,7 @@ def test_compile_misconfiguration():
         TorchCompile(backend="nope")
     with pytest.raises(SpeedupConfigError, match="`compile_attr`=\\[\\] must be a submodule name"):
         TorchCompile(compile_attr=[])
-    with pytest.raises(SpeedupConfigError, match="'encoder' is not a submodule"):
+    with pytest.raises(SpeedupConfigError, match="`attrs` names 'encoder', which is not a submodule"):
         quiet_trainer(max_steps=1, callbacks=[TorchCompile(backend="eager", compile_attr="encoder")]).fit(
             DemoClassifier(width=8), _loader()
         )

@@ -38,10 +38,10 @@ def test_compile_misconfiguration():
         CompileConfig(fullgraph=1)  # type: ignore[arg-type]
     with pytest.raises(SpeedupConfigError, match="`fallback`=None is not supported"):
         CompileConfig(fallback=None)  # type: ignore[arg-type]
-    with pytest.raises(SpeedupConfigError, match="must be a backend name"):
+    with pytest.raises(SpeedupConfigError, match="`backend`=3 is not callable. Allowed values: a backend name"):
         CompileConfig(backend=3)  # type: ignore[arg-type]
     model = DemoClassifier(width=8)
-    with pytest.raises(SpeedupConfigError, match="'encoder' is not a submodule"):
+    with pytest.raises(SpeedupConfigError, match="`attrs` names 'encoder', which is not a submodule"):
         compile_model(model, attrs="encoder", backend="eager")
     with pytest.raises(SpeedupConfigError, match="overlap"):
         compile_model(model, attrs=["backbone", "backbone.0"], backend="eager")
