@@ -211,3 +211,43 @@ def test_docs_page_renders_in_chromium(server: str, browser, page: str, title: s
     assert not bad, f"{page}: images that did not load: {bad}"
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert not errors, f"{page}: console errors: {errors}"
+
+
+# ---------------------------------------------------------------- notebook executor (tools/execute_notebooks.py)
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# A title"), *(nbformat.v4.new_code_cell(s) for s in sources)]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_execute_notebooks_writes_outputs_and_stamp(tmp_path: Path) -> None:
+    pytest.importorskip("nbclient")
+    from tools.execute_notebooks import STAMP_TAG, main
+
+    path = _notebook(tmp_path / "ok.ipynb", "print(6 * 7)")
+    assert main([str(path)]) == 0
+    assert main([str(path)]) == 0  # re-running replaces the stamp, it does not add a second one
+    nb = json.loads(path.read_text())
+    stamps = [c for c in nb["cells"] if STAMP_TAG in c["metadata"].get("tags", [])]
+    assert len(stamps) == 1 and nb["cells"][1] is stamps[0]  # right after the title
+    assert "torch threads" in "".join(stamps[0]["source"])
+    assert "42" in "".join(nb["cells"][2]["outputs"][0]["text"])
+    assert nb["metadata"]["lightning_speedups"]["executed_on"]["torch"]
+
+
+def test_execute_notebooks_names_the_failing_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("nbclient")
+    from tools.execute_notebooks import main
+
+    bad = _notebook(tmp_path / "bad.ipynb", "x = 1", "1 / 0")
+    before = bad.read_bytes()
+    assert main([str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.ipynb: cell 2 (1 / 0) failed: ZeroDivisionError: division by zero" in err
+    assert bad.read_bytes() == before  # stored outputs are never half-updated

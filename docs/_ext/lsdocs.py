@@ -23,6 +23,7 @@ import importlib
 import io
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -70,7 +71,9 @@ def _write_if_changed(path: Path, data: str | bytes) -> None:
     if path.exists() and path.read_bytes() == raw:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(raw)
+    os.replace(tmp, path)  # atomic: a build running at the same time never reads half a file
 
 
 # ---------------------------------------------------------------- notebooks
