@@ -73,8 +73,9 @@ class LRFinder(LearningRateFinder):
         )
         if stage == "fit" and not has_lr:
             raise SpeedupConfigError(
-                f"LRFinder found no learning rate to set on {type(pl_module).__name__}. HINT: use SpeedupMixin "
-                "(optimizer_config) or give the module an `lr` / `learning_rate` attribute or hparam."
+                f"LRFinder found no learning rate to set on {type(pl_module).__name__}. Allowed values: a module with "
+                "`optimizer_config` (SpeedupMixin) or an `lr` / `learning_rate` attribute or hparam. HINT: use "
+                "SpeedupMixin."
             )
 
     def lr_find(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 
 __all__ = ["OptimizerConfig", "SchedulerConfig", "scale_lr", "as_optimizer_config", "as_scheduler_config"]
 
@@ -43,9 +43,8 @@ def scale_lr(lr: float, batch_size: int, base_batch_size: int, rule: str | None)
     """
     check_range("lr", lr, 0, None, low_inclusive=False)
     check_choice("rule", rule, (*LR_SCALING_RULES, None))
-    for name, value in (("batch_size", batch_size), ("base_batch_size", base_batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpeedupConfigError(f"`{name}`={value!r} must be a positive integer.")
+    check_int("batch_size", batch_size, 1)
+    check_int("base_batch_size", base_batch_size, 1)
     if rule is None:
         return lr
     k = batch_size / base_batch_size
@@ -68,12 +67,6 @@ def _registry_check(config: Any) -> None:
         if cls in _REGISTRY_CHECKS:
             _REGISTRY_CHECKS[cls](config)
             return
-
-
-def _check_pos_int(name: str, value: Any, hint: str | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        msg = f"`{name}`={value!r} must be a positive integer."
-        raise SpeedupConfigError(msg + (f" HINT: {hint}" if hint else ""))
 
 
 @dataclass
@@ -138,12 +131,15 @@ class OptimizerConfig:
             check_range("eps", self.eps, 0, None, low_inclusive=False)
         if not isinstance(self.lr_multipliers, Mapping):
             raise SpeedupConfigError(
-                f"`lr_multipliers`={self.lr_multipliers!r} must be a dict of module-name prefix -> factor."
+                f"`lr_multipliers`={self.lr_multipliers!r} is not supported. Allowed values: a dict of module-name "
+                "prefix -> factor."
             )
         self.lr_multipliers = dict(self.lr_multipliers)
         for prefix, mult in self.lr_multipliers.items():
             if not isinstance(prefix, str) or not prefix:
-                raise SpeedupConfigError(f"`lr_multipliers` key {prefix!r} must be a non-empty module-name prefix.")
+                raise SpeedupConfigError(
+                    f"`lr_multipliers` key {prefix!r} is not supported. Allowed values: a non-empty module-name prefix."
+                )
             check_range(
                 f"lr_multipliers[{prefix!r}]",
                 mult,
@@ -155,13 +151,15 @@ class OptimizerConfig:
         check_choice("lr_scaling", self.lr_scaling, (*LR_SCALING_RULES, None))
         if self.lr_scaling is not None and self.base_batch_size is None:
             raise SpeedupConfigError(
-                f"`lr_scaling`={self.lr_scaling!r} needs `base_batch_size` (the batch size `lr` was tuned for)."
+                f"`lr_scaling`={self.lr_scaling!r} needs `base_batch_size` (the batch size `lr` was tuned for). "
+                "Allowed values: lr_scaling=None, or pass `base_batch_size`."
             )
-        if self.base_batch_size is not None:
-            _check_pos_int("base_batch_size", self.base_batch_size)
+        check_int("base_batch_size", self.base_batch_size, 1, optional=True)
         check_choice("implementation", self.implementation, IMPLEMENTATIONS)
         if not isinstance(self.kwargs, Mapping):
-            raise SpeedupConfigError(f"`kwargs`={self.kwargs!r} must be a dict of optimizer keyword arguments.")
+            raise SpeedupConfigError(
+                f"`kwargs`={self.kwargs!r} is not supported. Allowed values: a dict of optimizer keyword arguments."
+            )
         self.kwargs = dict(self.kwargs)
         _registry_check(self)  # name and per-optimizer fields (momentum / betas / nesterov), from the registry
 
@@ -220,7 +218,7 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         check_choice("interval", self.interval, (*INTERVALS, None))
-        _check_pos_int("frequency", self.frequency)
+        check_int("frequency", self.frequency, 1)
         check_choice("mode", self.mode, ("min", "max"))
         w = self.warmup
         if isinstance(w, float) and w >= 1 and w.is_integer():
@@ -234,29 +232,30 @@ class SchedulerConfig:
         check_range("min_lr", self.min_lr, 0, None)
         if self.gamma is not None:
             check_range("gamma", self.gamma, 0, 1, low_inclusive=False)
-        _check_pos_int("step_size", self.step_size)
+        check_int("step_size", self.step_size, 1)
         if self.milestones is not None:
             ms = list(self.milestones)
             if not ms or not all(isinstance(m, int) and m >= 1 for m in ms) or ms != sorted(set(ms)):
                 raise SpeedupConfigError(
-                    f"`milestones`={self.milestones!r} must be a non-empty, strictly increasing list of positive "
-                    "integers."
+                    f"`milestones`={self.milestones!r} is not supported. Allowed values: a non-empty, strictly "
+                    "increasing list of integers >= 1."
                 )
             self.milestones = ms
         if self.t_0 is not None:
-            _check_pos_int("t_0", self.t_0)
-        _check_pos_int("t_mult", self.t_mult)
+            check_int("t_0", self.t_0, 1)
+        check_int("t_mult", self.t_mult, 1)
         if self.max_lr is not None:
             check_range("max_lr", self.max_lr, 0, None, low_inclusive=False)
         check_range("pct_start", self.pct_start, 0, 1, low_inclusive=False, high_inclusive=False)
         check_range("factor", self.factor, 0, 1, low_inclusive=False, high_inclusive=False)
-        if not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 0:
-            raise SpeedupConfigError(f"`patience`={self.patience!r} must be an integer >= 0.")
+        check_int("patience", self.patience, 0)
         if self.total_steps is not None:
-            _check_pos_int("total_steps", self.total_steps)
+            check_int("total_steps", self.total_steps, 1)
             self.check_warmup(self.total_steps)
         if not isinstance(self.kwargs, Mapping):
-            raise SpeedupConfigError(f"`kwargs`={self.kwargs!r} must be a dict of scheduler keyword arguments.")
+            raise SpeedupConfigError(
+                f"`kwargs`={self.kwargs!r} is not supported. Allowed values: a dict of scheduler keyword arguments."
+            )
         self.kwargs = dict(self.kwargs)
         _registry_check(self)  # name and what the entry needs (e.g. `monitor` for plateau), from the registry
 
@@ -274,7 +273,8 @@ class SchedulerConfig:
         if steps and steps >= total:
             raise SpeedupConfigError(
                 f"`warmup`={self.warmup!r} ({steps} intervals) is longer than training ({total} intervals). "
-                "HINT: pass a fraction such as warmup=0.1, or train longer."
+                f"Allowed values: fewer than {total} intervals. HINT: pass a fraction such as warmup=0.1, or train "
+                "longer."
             )
 
 
@@ -299,7 +299,8 @@ def as_optimizer_config(value: OptimizerConfig | Mapping[str, Any] | None) -> Op
     if isinstance(value, str):
         return OptimizerConfig(name=value)
     raise SpeedupConfigError(
-        f"`optimizer_config`={value!r} must be an OptimizerConfig, a dict of its fields, an optimizer name or None."
+        f"`optimizer_config`={value!r} is not supported. Allowed values: an OptimizerConfig, a dict of its fields, an "
+        "optimizer name or None."
     )
 
 
@@ -312,7 +313,8 @@ def as_scheduler_config(value: SchedulerConfig | Mapping[str, Any] | str | None)
     if isinstance(value, str):
         return SchedulerConfig(name=value)
     raise SpeedupConfigError(
-        f"`scheduler_config`={value!r} must be a SchedulerConfig, a dict of its fields, a scheduler name or None."
+        f"`scheduler_config`={value!r} is not supported. Allowed values: a SchedulerConfig, a dict of its fields, a "
+        "scheduler name or None."
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightning_speedups._compat import lr_finder_suggestion
-from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._errors import SpeedupRuntimeError, check_choice
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -33,9 +33,9 @@ __all__ = ["LR_RULES", "LRFinderResult", "suggest_from_curve"]
 def _finite(lrs: Sequence[float], losses: Sequence[float]) -> tuple[list[float], list[float]]:
     pairs = [(float(a), float(b)) for a, b in zip(lrs, losses) if math.isfinite(a) and math.isfinite(b) and a > 0]
     if len(pairs) < 3:
-        raise SpeedupConfigError(
+        raise SpeedupRuntimeError(
             f"The LR range test produced {len(pairs)} usable points; the rules need at least 3. "
-            "HINT: raise `num_training`, or lower `min_lr` if the loss diverged at once."
+            "HINT: raise `num_training_steps`, or lower `min_lr` if the loss diverged at once."
         )
     return [p[0] for p in pairs], [p[1] for p in pairs]
 

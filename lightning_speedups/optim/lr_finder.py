@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tempfile
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -16,7 +17,7 @@ from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_set
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from lightning_speedups._compat import undo_lr_find_debias
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 from lightning_speedups.optim.lr_curve import LR_RULES, LRFinderResult, suggest_from_curve
 
 # the older name of the fix for Lightning's smoothed-loss off-by-one (it relies on Lightning's LR callback)
@@ -47,22 +48,37 @@ def apply_lr(module: Any, lr: float) -> str:
             lightning_setattr(module, attr, float(lr))
             return attr
     raise SpeedupConfigError(
-        "Found no learning rate to update on the module. HINT: use SpeedupMixin (optimizer_config) or give the "
-        "module an `lr` / `learning_rate` attribute or hparam; or pass update=False and read `result.lr`."
+        f"Found no learning rate to update on the module ({type(module).__name__}). Allowed values: a module with "
+        "`optimizer_config` (SpeedupMixin) or an `lr` / `learning_rate` attribute or hparam. HINT: or pass "
+        "update=False and read `result.lr`."
     )
 
 
-def check_range_test_args(min_lr: float, max_lr: float, num_training: int, mode: str, rule: str) -> None:
+def check_range_test_args(min_lr: float, max_lr: float, num_training_steps: int, mode: str, rule: str) -> None:
     """Validate the range-test arguments shared by :func:`suggest_lr` and the ``LRFinder`` callback."""
     check_choice("rule", rule, LR_RULES)
     check_choice("mode", mode, ("exponential", "linear"))
     check_range("min_lr", min_lr, 0, None, low_inclusive=False)
-    if not isinstance(max_lr, (int, float)) or max_lr <= min_lr:
-        raise SpeedupConfigError(f"`max_lr`={max_lr!r} must be greater than `min_lr`={min_lr!r}.")
-    if not isinstance(num_training, int) or isinstance(num_training, bool) or num_training < 5:
+    check_range("max_lr", max_lr, min_lr, None, low_inclusive=False, hint="`max_lr` must be greater than `min_lr`.")
+    check_int("num_training_steps", num_training_steps, 5, hint="100 is a good default.")
+
+
+def _steps_from_alias(num_training_steps: int, num_training: int | None) -> int:
+    """Resolve the deprecated ``num_training`` (Lightning's ``Tuner.lr_find`` name) to ``num_training_steps``."""
+    if num_training is None:
+        return num_training_steps
+    warnings.warn(
+        "suggest_lr(num_training=) is deprecated; use num_training_steps= (the name LRFinder and Lightning's "
+        "LearningRateFinder use).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if num_training_steps != 100 and num_training_steps != num_training:
         raise SpeedupConfigError(
-            f"`num_training`={num_training!r} must be an integer >= 5. HINT: 100 is a good default."
+            f"`num_training`={num_training!r} and `num_training_steps`={num_training_steps!r} were both given. "
+            "Allowed values: num_training_steps only (num_training is its deprecated alias)."
         )
+    return num_training
 
 
 def suggest_lr(
@@ -73,11 +89,12 @@ def suggest_lr(
     rule: str = "valley",
     min_lr: float = 1e-6,
     max_lr: float = 1.0,
-    num_training: int = 100,
+    num_training_steps: int = 100,
     mode: str = "exponential",
     early_stop_threshold: float | None = 4.0,
     update: bool = True,
     trainer_kwargs: dict[str, Any] | None = None,
+    num_training: int | None = None,
 ) -> LRFinderResult:
     """Run Lightning's LR range test on ``model`` and suggest a learning rate by ``rule``.
 
@@ -91,17 +108,19 @@ def suggest_lr(
         train_dataloaders: a training DataLoader instead of a datamodule.
         rule: ``"steep"``, ``"valley"``, ``"minimum"`` or ``"slide"``.
         min_lr, max_lr: the searched range.
-        num_training: steps of the test.
+        num_training_steps: steps of the test (the same name as :class:`~lightning_speedups.LRFinder`'s).
         mode: ``"exponential"`` or ``"linear"`` lr increase.
         early_stop_threshold: stop once the loss exceeds this multiple of the best loss (``None``: never).
         update: write the suggestion into the model.
         trainer_kwargs: extra ``Trainer`` arguments (e.g. ``accelerator``, ``precision``).
+        num_training: deprecated alias of ``num_training_steps`` (warns with a ``DeprecationWarning``).
 
     Returns:
         An :class:`LRFinderResult` with the curve, all rules' suggestions and the chosen ``lr``.
 
     Raises:
-        SpeedupConfigError: bad arguments, or too few usable points on the curve.
+        SpeedupConfigError: bad arguments.
+        SpeedupRuntimeError: the test produced too few usable points on the curve.
 
     Note:
         Lightning's test uses one learning rate for all param groups; ``lr_multipliers`` apply on top of the
@@ -110,16 +129,20 @@ def suggest_lr(
     import lightning as L
     from lightning.pytorch.tuner import Tuner
 
-    check_range_test_args(min_lr, max_lr, num_training, mode, rule)
+    num_training_steps = _steps_from_alias(num_training_steps, num_training)
+    check_range_test_args(min_lr, max_lr, num_training_steps, mode, rule)
     if datamodule is None and train_dataloaders is None:
-        raise SpeedupConfigError("suggest_lr needs `datamodule` or `train_dataloaders`.")
+        raise SpeedupConfigError(
+            "suggest_lr needs `datamodule` or `train_dataloaders`. Allowed values: a LightningDataModule or a "
+            "training DataLoader."
+        )
     kwargs: dict[str, Any] = dict(
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        max_steps=num_training,
+        max_steps=num_training_steps,
         check_val_every_n_epoch=1_000_000,  # the test only needs training loss
         devices=1,
     )
@@ -132,13 +155,16 @@ def suggest_lr(
             datamodule=datamodule,
             min_lr=min_lr,
             max_lr=max_lr,
-            num_training=num_training,
+            num_training=num_training_steps,  # Lightning's Tuner calls it num_training
             mode=mode,
             early_stop_threshold=early_stop_threshold,
             update_attr=False,
         )
     if finder is None:
-        raise SpeedupConfigError("The LR range test did not run (is `fast_dev_run` set in `trainer_kwargs`?).")
+        raise SpeedupConfigError(
+            "The LR range test did not run. Allowed values: `trainer_kwargs` without `fast_dev_run`. HINT: Lightning "
+            "skips the test under fast_dev_run."
+        )
     result = LRFinderResult.from_curve(finder.results["lr"], undo_lr_find_debias(finder.results["loss"]), rule)
     if update:
         where = apply_lr(model, result.lr)

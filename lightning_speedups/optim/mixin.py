@@ -95,8 +95,8 @@ class SpeedupMixin:
         batch = effective_batch_size(self) if opt_cfg.lr_scaling else None
         if opt_cfg.lr_scaling and batch is None:
             raise SpeedupConfigError(
-                f"`lr_scaling`={opt_cfg.lr_scaling!r} needs the batch size. HINT: give the model, its hparams or the "
-                "datamodule a `batch_size` attribute."
+                f"`lr_scaling`={opt_cfg.lr_scaling!r} needs the batch size. Allowed values: lr_scaling=None, or a "
+                "known batch size. HINT: give the model, its hparams or the datamodule a `batch_size` attribute."
             )
         trainer = getattr(self, "_trainer", None)
         # Lightning refuses to clip gradients of fused optimizers under fp16 GradScaler

@@ -115,20 +115,25 @@ def check_optimizer_config(config: OptimizerConfig) -> OptimizerInfo:
     info = get_optimizer_info(config.name)
     if config.momentum is not None and not info.momentum:
         raise SpeedupConfigError(
-            f"`momentum`={config.momentum!r} is not an argument of optimizer {config.name!r}. "
+            f"`momentum`={config.momentum!r} is not an argument of optimizer {config.name!r}. Allowed values: None. "
             "HINT: Adam-type optimizers take `betas=(beta1, beta2)` instead of momentum."
         )
     if config.betas is not None and not info.betas:
         raise SpeedupConfigError(
-            f"`betas`={config.betas!r} is not an argument of optimizer {config.name!r}. "
+            f"`betas`={config.betas!r} is not an argument of optimizer {config.name!r}. Allowed values: None. "
             "HINT: SGD and RMSprop take `momentum` instead."
         )
     if config.nesterov:
         if not info.nesterov:
-            raise SpeedupConfigError(f"`nesterov`=True is only supported by 'sgd', not {config.name!r}.")
+            raise SpeedupConfigError(
+                f"`nesterov`=True is only supported by 'sgd', not {config.name!r}. Allowed values: False."
+            )
         momentum = config.momentum if config.momentum is not None else info.defaults.get("momentum", 0.0)
         if not momentum:
-            raise SpeedupConfigError("`nesterov`=True needs `momentum` > 0. HINT: e.g. momentum=0.9.")
+            raise SpeedupConfigError(
+                "`nesterov`=True needs `momentum` > 0. Allowed values: nesterov=False, or a momentum > 0. HINT: e.g. "
+                "momentum=0.9."
+            )
     return info
 
 
@@ -183,12 +188,16 @@ def choose_implementation(
             raise SpeedupConfigError(
                 f"`implementation`='fused' is not available for optimizer {info.name!r} on device(s) "
                 f"{sorted(device_types)}. Fused kernels exist for devices {_fused_devices()} and optimizers whose "
-                "constructor takes `fused`. HINT: use implementation='auto'."
+                "constructor takes `fused`. Allowed values: 'auto' or 'for_loop' here. HINT: use "
+                "implementation='auto'."
             )
         return {"fused": True}
     if not info.accepts("foreach"):
         if requested == "foreach":
-            raise SpeedupConfigError(f"`implementation`='foreach' is not available for optimizer {info.name!r}.")
+            raise SpeedupConfigError(
+                f"`implementation`='foreach' is not available for optimizer {info.name!r}. Allowed values: 'auto', "
+                "'for_loop'."
+            )
         return {}
     return {"foreach": requested == "foreach"}
 
@@ -232,7 +241,10 @@ def build_param_groups(
     else:
         named = [(f"param{i}", p, False) for i, p in enumerate(module_or_params)]
     if not named:
-        raise SpeedupConfigError("The module has no parameters to optimize.")
+        raise SpeedupConfigError(
+            "The module has no parameters to optimize. Allowed values: a module or parameter list with at least one "
+            "parameter."
+        )
     prefixes = list(config.lr_multipliers)
     used: set[str] = set()
     split = config.no_decay_norm_and_bias and config.weight_decay > 0
@@ -297,8 +309,9 @@ def create_optimizer(
     if cfg.lr_scaling is not None:
         if batch_size is None:
             raise SpeedupConfigError(
-                f"`lr_scaling`={cfg.lr_scaling!r} needs the run's batch size. HINT: pass `batch_size=` to "
-                "create_optimizer, or give the model or datamodule a `batch_size` attribute."
+                f"`lr_scaling`={cfg.lr_scaling!r} needs the run's batch size. Allowed values: lr_scaling=None, or a "
+                "known batch size. HINT: pass `batch_size=` to create_optimizer, or give the model or datamodule a "
+                "`batch_size` attribute."
             )
         lr = scale_lr(cfg.lr, batch_size, cfg.base_batch_size or batch_size, cfg.lr_scaling)
     groups = build_param_groups(module_or_params, cfg, lr)
@@ -319,5 +332,8 @@ def create_optimizer(
     try:
         optimizer = info.factory(groups, lr=lr, **kwargs)
     except (TypeError, ValueError) as err:
-        raise SpeedupConfigError(f"Optimizer {cfg.name!r} rejected its arguments {kwargs}: {err}") from err
+        raise SpeedupConfigError(
+            f"Optimizer {cfg.name!r} rejected its arguments {kwargs}: {err}. Allowed values: the keyword arguments "
+            f"that {getattr(info.factory, '__name__', info.factory)!r} takes."
+        ) from err
     return guard_fused_momentum(optimizer)  # fused SGD: params that start stepping later (unfrozen) get a buffer

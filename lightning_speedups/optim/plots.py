@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from lightning_speedups._errors import SpeedupConfigError, require
+from lightning_speedups._errors import check_int, require
 from lightning_speedups.optim.config import OptimizerConfig, SchedulerConfig, as_optimizer_config, as_scheduler_config
 from lightning_speedups.optim.optimizers import create_optimizer
 from lightning_speedups.optim.schedulers import create_scheduler, get_scheduler_info
@@ -50,8 +50,7 @@ def simulate_lr_schedule(
         >>> len(lrs), round(max(lrs), 3)
         (10, 0.1)
     """
-    if not isinstance(total_steps, int) or total_steps < 1:
-        raise SpeedupConfigError(f"`total_steps`={total_steps!r} must be a positive integer.")
+    check_int("total_steps", total_steps, 1)
     opt_cfg = dataclasses.replace(as_optimizer_config(optimizer_config), lr_multipliers={}, lr_scaling=None)
     sched_cfg = as_scheduler_config(scheduler_config)
     per_epoch = steps_per_epoch or max(1, total_steps // 10)

@@ -107,8 +107,8 @@ def check_scheduler_config(config: SchedulerConfig) -> SchedulerInfo:
     info = get_scheduler_info(config.name)
     if info.needs_monitor and not config.monitor:
         raise SpeedupConfigError(
-            f"Scheduler {config.name!r} needs `monitor` (the metric it watches). "
-            "HINT: e.g. SchedulerConfig('plateau', monitor='val_loss') and log that metric."
+            f"Scheduler {config.name!r} needs `monitor` (the metric it watches). Allowed values: a logged metric's "
+            "name. HINT: e.g. SchedulerConfig('plateau', monitor='val_loss') and log that metric."
         )
     return info
 
@@ -246,14 +246,15 @@ def resolve_total(config: SchedulerConfig, trainer: L.Trainer | None, interval: 
         return config.total_steps
     if trainer is None:
         raise SpeedupConfigError(
-            f"Scheduler {config.name!r} needs the run length. HINT: pass `trainer=` or set "
-            "SchedulerConfig(total_steps=...)."
+            f"Scheduler {config.name!r} needs the run length. Allowed values: `trainer`= a Trainer, or "
+            "SchedulerConfig(total_steps=...). HINT: pass `trainer=` to create_scheduler."
         )
     steps = trainer.estimated_stepping_batches
     if not math.isfinite(steps):
         raise SpeedupConfigError(
             f"Scheduler {config.name!r} needs the run length, but the Trainer is unbounded (max_epochs=-1 and no "
-            "max_steps). HINT: set Trainer(max_steps=...) or max_epochs, or SchedulerConfig(total_steps=...)."
+            "max_steps). Allowed values: a Trainer with max_steps or max_epochs, or SchedulerConfig(total_steps=...). "
+            "HINT: set Trainer(max_steps=...)."
         )
     total = int(steps)
     if interval == "epoch":
@@ -293,7 +294,9 @@ def create_scheduler(
     info = check_scheduler_config(cfg)
     for name in info.required:
         if getattr(cfg, name) is None:
-            raise SpeedupConfigError(f"Scheduler {cfg.name!r} needs `{name}`.")
+            raise SpeedupConfigError(
+                f"Scheduler {cfg.name!r} needs `{name}`. Allowed values: SchedulerConfig({cfg.name!r}, {name}=...)."
+            )
     interval = cfg.interval or info.interval
     total = None
     if info.needs_total(cfg) or cfg.total_steps:
@@ -308,7 +311,10 @@ def create_scheduler(
     try:
         return info.factory(optimizer, cfg, total)
     except (TypeError, ValueError) as err:
-        raise SpeedupConfigError(f"Scheduler {cfg.name!r} rejected its arguments: {err}") from err
+        raise SpeedupConfigError(
+            f"Scheduler {cfg.name!r} rejected its arguments: {err}. Allowed values: the keyword arguments its torch "
+            "scheduler takes."
+        ) from err
 
 
 def lightning_scheduler_config(
@@ -317,7 +323,10 @@ def lightning_scheduler_config(
     """The ``lr_scheduler`` dict Lightning expects from ``configure_optimizers`` (interval, frequency, monitor)."""
     cfg = as_scheduler_config(config)
     if cfg is None:
-        raise SpeedupConfigError("`config`=None describes no scheduler.")
+        raise SpeedupConfigError(
+            "`config`=None describes no scheduler. Allowed values: a SchedulerConfig, a dict of its fields or a "
+            "scheduler name."
+        )
     info = get_scheduler_info(cfg.name)
     interval = cfg.interval or info.interval
     out: dict[str, Any] = {"scheduler": scheduler, "interval": interval, "frequency": cfg.frequency}
