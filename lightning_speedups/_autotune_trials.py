@@ -54,6 +54,8 @@ class TrialContext:
     plan: dict[str, Any]
     clock: Callable[[], float] = time.perf_counter
     notes: list[str] = field(default_factory=list)
+    loader: Any = None  # the user's training loader (iterated in trials with the RNG forked, never changed)
+    datamodule: Any = None
 
     def budget_left(self) -> float:
         return self.deadline - self.clock()
@@ -229,6 +231,66 @@ def _compile(ctx: TrialContext, share: float) -> Choice | None:
     return Choice("compile", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
 
 
+def _device_twin(ctx: TrialContext) -> tuple[Any, str] | None:
+    """A device-resident twin of the training data, or ``None`` when one cannot keep the user's transforms."""
+    from torch.utils.data import TensorDataset
+
+    from lightning_speedups.data import DeviceDataLoader
+
+    dm = ctx.datamodule
+    if dm is not None and all(hasattr(dm, a) for a in ("train_images", "train_labels", "transforms")):
+        from lightning_speedups.recipes import device_datamodule
+
+        twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)))
+        return twin, "datamodule"  # the demo protocol: its transforms become a BatchAugment on the device
+    dataset = getattr(ctx.loader, "dataset", None)
+    if type(dataset) is TensorDataset:  # no per-sample transform to lose
+        loader = DeviceDataLoader(*dataset.tensors, batch_size=ctx.loader.batch_size, shuffle=True, device=ctx.device)
+        return loader, "loader"
+    return None
+
+
+def _data(ctx: TrialContext, share: float) -> Choice | None:
+    if ctx.loader is None:
+        return None
+    twin = _device_twin(ctx)
+    if twin is None:
+        ctx.notes.append("data path not tried: the loader has per-sample transforms that no device twin reproduces")
+        return None
+    replacement, kind = twin
+    step = make_step(ctx, ctx.plan)
+
+    def loop(loader: Any) -> Callable[[], None]:
+        state: dict[str, Any] = {"it": None}
+
+        def fetch_and_step() -> None:  # one batch fetched (a fresh pass when exhausted) plus one training step
+            with torch.random.fork_rng(devices=[]):
+                if state["it"] is None:
+                    state["it"] = iter(loader)
+                try:
+                    next(state["it"])
+                except StopIteration:
+                    state["it"] = iter(loader)
+                    next(state["it"])
+            step()
+
+        return fetch_and_step
+
+    if kind == "datamodule":
+        replacement.trainer = None
+        twin_loader = replacement.train_dataloader()
+    else:
+        twin_loader = replacement
+    result = ctx.compare({"current": loop(ctx.loader), "device": loop(twin_loader)}, "current", share)
+    keep = result.winner == "device"
+    ctx.plan["device_data"] = keep
+    if keep:
+        ctx.plan["_replacement"] = (kind, replacement)
+    lo, mid, hi = result.ratios["device"]
+    note = result.note or (f"data on the device: {mid:.2f}x per step" if keep else "the loader is not the bottleneck")
+    return Choice("data", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
+
+
 def _tensors(batch: Any) -> list[torch.Tensor]:
     if isinstance(batch, torch.Tensor):
         return [batch]
@@ -245,6 +307,6 @@ def register_candidate(name: str, trial: Callable[[TrialContext, float], Choice 
     CANDIDATES[name] = trial
 
 
-for _name, _trial in (("precision", _precision), ("channels_last", _channels_last), ("batch_size", _batch_size),
-                      ("optimizer", _optimizer), ("compile", _compile)):  # fmt: skip
+for _name, _trial in (("data", _data), ("precision", _precision), ("channels_last", _channels_last),
+                      ("batch_size", _batch_size), ("optimizer", _optimizer), ("compile", _compile)):  # fmt: skip
     register_candidate(_name, _trial)

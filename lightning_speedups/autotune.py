@@ -51,7 +51,8 @@ class TunePlan:
     """What autotune kept: callbacks, Trainer arguments, settings for the model and data, and the evidence.
 
     Unpacks as ``callbacks, trainer_kwargs = plan``; call :meth:`apply` to set the batch size (with LR scaling) and the
-    optimizer kernel on the model and datamodule.
+    optimizer kernel on the model and datamodule. When the data trial kept device-resident data, fit with
+    ``plan.datamodule`` (or ``plan.train_dataloaders``) instead of the original.
     """
 
     settings: dict[str, Any]
@@ -61,6 +62,8 @@ class TunePlan:
     notes: list[str] = field(default_factory=list)
     from_cache: bool = False
     trial_s: float = 0.0
+    datamodule: Any = None  # a device-resident twin of the data, when the data trial kept one: fit with it
+    train_dataloaders: Any = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.callbacks, self.trainer_kwargs))
@@ -78,7 +81,8 @@ class TunePlan:
         scale = int(self.settings.get("batch_scale", 1))
         impl = self.settings.get("implementation")
         if scale > 1:
-            holder = next((h for h in (datamodule, model) if h is not None and hasattr(h, "batch_size")), None)
+            holders = (self.datamodule, datamodule, model)
+            holder = next((h for h in holders if h is not None and hasattr(h, "batch_size")), None)
             if holder is None:
                 self.notes.append(f"batch x{scale} not applied: no `batch_size` attribute on the datamodule or model")
             else:
@@ -175,12 +179,20 @@ def autotune(
     store = PlanCache(cache_dir) if cache else None
     cached = store.get(key) if store is not None else None
     if cached is not None:
-        plan = _build(dict(cached["settings"]), [Choice(**c) for c in cached["choices"]], trainer_kwargs, model)
+        settings = dict(cached["settings"])
+        if settings.get("device_data"):
+            from lightning_speedups._autotune_trials import _device_twin
+
+            ctx0 = TrialContext(model, batch, device, steps, margin, 0.0, {}, clock, loader=loader, datamodule=dm)
+            twin = _device_twin(ctx0)
+            if twin is not None:
+                settings["_replacement"] = twin
+        plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model)
         plan.from_cache, plan.notes = True, [*cached.get("notes", []), f"plan from the cache ({key})"]
         return plan
     start = clock()
     ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
-                       clock=clock)  # fmt: skip
+                       clock=clock, loader=loader, datamodule=dm)  # fmt: skip
     ctx.plan["no_bf16"] = no_bf16
     if budget_s is None:  # 5% of the planned run, from one timed step of the unchanged model
         from lightning_speedups._autotune_trials import make_step
@@ -203,7 +215,8 @@ def autotune(
     plan = _build(settings, choices, trainer_kwargs, model)
     plan.notes, plan.trial_s = ctx.notes, clock() - start
     if store is not None:
-        store.put(key, {"settings": settings, "choices": [c.as_dict() for c in choices], "notes": ctx.notes})
+        plain = {k: v for k, v in settings.items() if not k.startswith("_")}  # JSON only: no loader objects
+        store.put(key, {"settings": plain, "choices": [c.as_dict() for c in choices], "notes": ctx.notes})
     rank_zero_info(plan.to_text())
     return plan
 
@@ -229,4 +242,10 @@ def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict
     for choice in choices:
         if isinstance(choice.interval, list):
             choice.interval = tuple(choice.interval)  # type: ignore[assignment]
-    return TunePlan(settings, choices, callbacks, kwargs)
+    kind, replacement = settings.pop("_replacement", (None, None))
+    plan = TunePlan(settings, choices, callbacks, kwargs)
+    if kind == "datamodule":
+        plan.datamodule = replacement
+    elif kind == "loader":
+        plan.train_dataloaders = replacement
+    return plan

@@ -62,6 +62,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         format_markdown,
         format_table,
         run_benchmarks,
+        split_rows,
         write_json,
         write_plots,
     )
@@ -73,10 +74,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"torch {machine['torch']}, device {machine['device']}. Mode: {'quick' if args.quick else 'full'}."
     )
     rows, errors = run_benchmarks(
-        quick=args.quick, only=_split(args.only), skip=_split(args.skip), target=args.target_accuracy
+        quick=args.quick, only=_split(args.only), skip=_split(args.skip), target=args.target_accuracy,
+        no_bf16=args.no_bf16,
     )
-    print("\nSpeedup = baseline median time / technique median time, measured interleaved in this run.\n")
-    print(format_table(rows))
+    end_to_end, components = split_rows(rows)
+    print("\nSpeedup = baseline median time / technique median time, measured interleaved in this run.")
+    if end_to_end:
+        print("\nEnd to end: the whole run to the target accuracy vs the plain Lightning baseline [min-max]:\n")
+        print(format_table(end_to_end))
+    if components:
+        print("\nSingle techniques (each on its own metric; see the end-to-end rows for what a whole run gains):\n")
+        print(format_table(components))
     if args.json:
         write_json(args.json, rows, errors, args.quick)
         print(f"\nwrote {args.json}")
@@ -123,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="ACC",
         help="validation accuracy for the time-to-accuracy benchmarks (recipes: default 0.95)",
+    )
+    bench.add_argument(
+        "--no-bf16",
+        action="store_true",
+        help="never choose bf16 (checks the plan a CPU without bf16 units would get, on one that has them)",
     )
     bench.set_defaults(func=_cmd_bench)
     advise = sub.add_parser("advise", help="run the SpeedAdvisor on the plain demo baseline and print its report")

@@ -91,4 +91,6 @@ def test_cli_bench_quick_every_technique(tmp_path):
         assert r["technique"] and r["metric"] and isinstance(r["ratio"], float)
         if not (0 < r["ratio"] < float("inf")):  # only a target that one side missed may leave no finite ratio
             assert "not reach" in r["note"], r
-    assert (tmp_path / "speedups.png").exists() and (tmp_path / "accuracy_vs_time.png").exists()
+    for chart in ("end_to_end.png", "components.png", "accuracy_vs_time.png"):  # the end-to-end chart comes first
+        assert (tmp_path / chart).exists(), chart
+    assert payload["rows"][0]["technique"] in ("recipe", "autotune")  # the headline: whole-run results first

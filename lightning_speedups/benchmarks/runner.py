@@ -15,7 +15,24 @@ from lightning_speedups._registry import get_technique, list_techniques
 from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.measure import machine_info
 
-__all__ = ["run_benchmarks", "format_table", "format_markdown", "write_json", "write_plots", "BenchFailure"]
+__all__ = [
+    "END_TO_END",
+    "BenchFailure",
+    "format_markdown",
+    "format_table",
+    "run_benchmarks",
+    "split_rows",
+    "write_json",
+    "write_plots",
+]
+
+# rows that measure a whole run reaching its accuracy (what users feel), shown first and charted first
+END_TO_END = ("recipe", "autotune")
+
+
+def split_rows(rows: Sequence[BenchRow]) -> tuple[list[BenchRow], list[BenchRow]]:
+    """``(end_to_end, components)``: whole-run time-to-accuracy rows, then single-technique rows."""
+    return [r for r in rows if r.technique in END_TO_END], [r for r in rows if r.technique not in END_TO_END]
 
 
 class BenchFailure(RuntimeError):
@@ -31,6 +48,7 @@ def _select(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]
             )
     if only:
         names = [n for n in names if n in only]
+    names = sorted(names, key=lambda n: n != "recipes")  # the end-to-end results first
     return [n for n in names if n not in (skip or [])]
 
 
@@ -40,10 +58,12 @@ def run_benchmarks(
     skip: Sequence[str] | None = None,
     echo: bool = True,
     target: float | None = None,
+    no_bf16: bool = False,
 ) -> tuple[list[BenchRow], dict[str, str]]:
     """Run each selected technique's ``run(quick)`` in turn; return all rows and ``{technique: error}``.
 
-    ``target`` (a validation accuracy) goes to the benchmarks that measure time to a target accuracy.
+    ``target`` (a validation accuracy) goes to the benchmarks that measure time to a target accuracy; ``no_bf16``
+    to those that choose a precision (so a CPU with bf16 units can check the plan for one without).
     """
     if target is not None:
         check_range("target", target, 0.0, 1.0, low_inclusive=False)
@@ -57,8 +77,11 @@ def run_benchmarks(
             print(f"[bench] {name} ...", flush=True)
         try:
             kwargs: dict[str, Any] = {"quick": quick}
-            if target is not None and "target" in inspect.signature(bench).parameters:
+            params = inspect.signature(bench).parameters
+            if target is not None and "target" in params:
                 kwargs["target"] = target
+            if no_bf16 and "no_bf16" in params:
+                kwargs["no_bf16"] = True
             new = list(bench(**kwargs))
         except Exception as err:  # one broken benchmark must not hide the others' results
             errors[name] = f"{type(err).__name__}: {err}"
@@ -80,16 +103,22 @@ def _fmt_delta(row: BenchRow) -> str:
     return "-" if d is None else f"{100 * d:+.1f} pt"
 
 
+def _range(r: BenchRow) -> str:
+    lo, hi = r.extra.get("ratio_min"), r.extra.get("ratio_max")
+    return f"{r.ratio:.2f}x" if lo is None or hi is None else f"{r.ratio:.2f}x [{lo:.2f}-{hi:.2f}]"
+
+
 def _table_rows(rows: Iterable[BenchRow]) -> list[list[str]]:
     out = []
     for r in rows:
-        verdict = "no speedup" if r.ratio < 1.05 else ""
+        reached = r.ratio == r.ratio and r.ratio > 0  # nan or 0: a target was not reached (the note says which)
+        verdict = "" if not reached else "no speedup" if r.ratio < 1.05 else ""
         out.append(
             [
                 r.technique,
                 r.variant,
                 r.metric,
-                f"{r.ratio:.2f}x",
+                _range(r) if reached else "not reached",
                 _fmt_acc(r.accuracy_baseline),
                 _fmt_acc(r.accuracy_candidate),
                 _fmt_delta(r),
@@ -113,15 +142,19 @@ def format_table(rows: Sequence[BenchRow]) -> str:
 
 
 def format_markdown(rows: Sequence[BenchRow], machine: dict[str, Any] | None = None) -> str:
+    """Markdown: the machine, then the end-to-end table, then the single-technique table."""
     machine = machine or machine_info()
     lines = [
         f"Machine: {machine['cpu']} ({machine['cpu_count']} cores, {machine['torch_threads']} torch threads), "
         f"torch {machine['torch']}, device {machine['device']}.",
-        "",
-        "| " + " | ".join(_HEADER) + " |",
-        "|" + "---|" * len(_HEADER),
     ]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in b) + " |" for b in _table_rows(rows)]
+    end_to_end, components = split_rows(rows)
+    for title, group in (("End to end (time to accuracy, [min-max] over runs)", end_to_end),
+                         ("Single techniques", components)):  # fmt: skip
+        if not group:
+            continue
+        lines += ["", f"**{title}**", "", "| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in b) + " |" for b in _table_rows(group)]
     return "\n".join(lines) + "\n"
 
 
@@ -149,19 +182,13 @@ def write_plots(directory: str | Path, rows: Sequence[BenchRow]) -> list[Path]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.35 * len(rows) + 1)))
-    labels = [f"{r.technique}: {r.variant}" for r in rows]
-    ratios = [r.ratio for r in rows]
-    ax.barh(labels, ratios, color=["tab:green" if x >= 1.05 else "tab:gray" for x in ratios])
-    ax.axvline(1.0, color="black", lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("times faster than baseline (same run, medians)")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    path = directory / "speedups.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(path)
+    end_to_end, components = split_rows(rows)
+    for name, group, title in (
+        ("end_to_end.png", end_to_end, "whole run: time to the target accuracy vs the plain baseline (min-max bars)"),
+        ("components.png", components, "single techniques (their own metric; not the whole run)"),
+    ):
+        if group:
+            written.append(_bars(plt, directory / name, group, title))
     curves = [r for r in rows if r.extra.get("curves")]
     if curves:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -179,6 +206,25 @@ def write_plots(directory: str | Path, rows: Sequence[BenchRow]) -> list[Path]:
     return written
 
 
+def _bars(plt: Any, path: Path, rows: Sequence[BenchRow], title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.35 * len(rows) + 1)))
+    labels = [f"{r.technique}: {r.variant}" for r in rows]
+    ratios = [r.ratio if r.ratio == r.ratio else 0.0 for r in rows]
+    lo = [max(x - r.extra.get("ratio_min", x), 0.0) for r, x in zip(rows, ratios)]
+    hi = [max(r.extra.get("ratio_max", x) - x, 0.0) for r, x in zip(rows, ratios)]
+    ax.barh(labels, [max(x, 1e-3) for x in ratios], xerr=[lo, hi],
+            color=["tab:green" if x >= 1.05 else "tab:gray" for x in ratios])  # fmt: skip
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("times faster than baseline (same run, medians)")
+    ax.set_title(title, fontsize=9)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def bench_main(run: Callable[..., list[BenchRow]], argv: Sequence[str] | None = None) -> None:
     """Command-line entry of one benchmark module: ``python -m lightning_speedups.benchmarks.<x> [--full]
     [--threads N]``; prints the machine, the table and the wall time.
@@ -192,11 +238,13 @@ def bench_main(run: Callable[..., list[BenchRow]], argv: Sequence[str] | None = 
     parser = argparse.ArgumentParser(description=(run.__doc__ or "").strip().splitlines()[0] if run.__doc__ else None)
     parser.add_argument("--full", action="store_true", help="full mode: larger sizes, more repeats")
     parser.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
+    parser.add_argument("--no-bf16", action="store_true", help="never choose bf16 (where the bench chooses one)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine_info())
     start = time.perf_counter()
-    rows = run(quick=not args.full)
+    extra = {"no_bf16": True} if args.no_bf16 and "no_bf16" in inspect.signature(run).parameters else {}
+    rows = run(quick=not args.full, **extra)
     print(format_table(rows))
     print(f"({'full' if args.full else 'quick'} mode, {time.perf_counter() - start:.1f} s)")
