@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range, require
 
 __all__ = ["BatchAugment"]
 
@@ -134,8 +134,7 @@ class BatchAugment:
     _kornia: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.padding, bool) or not isinstance(self.padding, int) or self.padding < 0:
-            raise SpeedupConfigError(f"`padding`={self.padding!r} must be an integer >= 0.")
+        check_int("padding", self.padding, 0)
         if self.crop_size is not None:
             size = (self.crop_size, self.crop_size) if isinstance(self.crop_size, int) else tuple(self.crop_size)
             if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size):
@@ -149,19 +148,27 @@ class BatchAugment:
         check_range("fill", self.fill)
         check_choice("backend", self.backend, _BACKENDS, hint="'vectorized' is the fastest by measurement.")
         if (self.mean is None) != (self.std is None):
-            raise SpeedupConfigError(f"`mean`={self.mean!r} and `std`={self.std!r} must be given together.")
+            raise SpeedupConfigError(
+                f"`mean`={self.mean!r} and `std`={self.std!r} must be given together. Allowed values: both or neither."
+            )
         if self.mean is not None and self.std is not None:
             self.mean, self.std = [float(m) for m in self.mean], [float(s) for s in self.std]
             if len(self.mean) != len(self.std) or not self.mean:
                 raise SpeedupConfigError(
-                    f"`mean`={self.mean!r} and `std`={self.std!r} must be non-empty and of the same length."
+                    f"`mean`={self.mean!r} and `std`={self.std!r} must be non-empty and of the same length. Allowed "
+                    "values: one value per channel in each (or one for all channels)."
                 )
             if min(self.std) <= 0:
-                raise SpeedupConfigError(f"`std`={self.std!r} must be positive.")
+                raise SpeedupConfigError(f"`std`={self.std!r} is out of range. Allowed values: numbers > 0.")
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
-            raise SpeedupConfigError(f"`dtype`={self.dtype!r} must be a floating torch.dtype.")
+            raise SpeedupConfigError(
+                f"`dtype`={self.dtype!r} is not supported. Allowed values: a floating torch.dtype (torch.float32, "
+                "torch.bfloat16, ...)."
+            )
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
-            raise SpeedupConfigError(f"`generator`={self.generator!r} must be a torch.Generator.")
+            raise SpeedupConfigError(
+                f"`generator`={self.generator!r} is not supported. Allowed values: None or a torch.Generator."
+            )
 
     # ------------------------------------------------------------------ checks
     def _out_size(self, h: int, w: int) -> tuple[int, int]:
@@ -172,11 +179,14 @@ class BatchAugment:
         if not isinstance(x, Tensor) or x.ndim != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise SpeedupConfigError(
-                f"BatchAugment needs image batches of shape (B, C, H, W), got {shape}."
-                " HINT: augmentations apply to images only; use `transform_index` to pick the image tensor."
+                f"BatchAugment needs image batches of shape (B, C, H, W), got {shape}. Allowed values: a 4-d image"
+                " tensor. HINT: augmentations apply to images only; use `transform_index` to pick the image tensor."
             )
         if x.dtype == torch.bool or x.is_complex():
-            raise SpeedupConfigError(f"BatchAugment needs real-valued images, got dtype {x.dtype}.")
+            raise SpeedupConfigError(
+                f"BatchAugment needs real-valued images, got dtype {x.dtype}. Allowed values: a floating or integer "
+                "image tensor."
+            )
         _, c, h, w = x.shape
         if self.mean is not None and len(self.mean) not in (1, c):
             raise SpeedupConfigError(
@@ -186,12 +196,12 @@ class BatchAugment:
         if out_h > h + 2 * self.padding or out_w > w + 2 * self.padding:
             raise SpeedupConfigError(
                 f"`crop_size`={self.crop_size!r} is larger than the padded image ({h + 2 * self.padding},"
-                f" {w + 2 * self.padding})."
+                f" {w + 2 * self.padding}). Allowed values: at most that size."
             )
         if self.padding_mode == "reflect" and self.padding >= min(h, w):
             raise SpeedupConfigError(
                 f"`padding`={self.padding} must be smaller than the image side {min(h, w)}"
-                " with `padding_mode`='reflect'."
+                f" with `padding_mode`='reflect'. Allowed values: a padding < {min(h, w)}, or another padding_mode."
             )
 
     # ------------------------------------------------------------------ randomness

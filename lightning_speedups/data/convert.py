@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_int
 from lightning_speedups.data.loader import DeviceLike, resolve_device
 
 __all__ = ["to_tensors"]
@@ -30,8 +30,8 @@ def _field_to_tensor(value: Any) -> Tensor:
 
         return pil_to_tensor(value)  # uint8 (C, H, W), like v2.PILToTensor
     raise SpeedupConfigError(
-        f"to_tensors cannot turn a sample field of type {type(value).__name__} into a tensor."
-        " HINT: samples must be tensors, numpy arrays, PIL images or numbers (or tuples of them)."
+        f"to_tensors cannot turn a sample field of type {type(value).__name__} into a tensor. Allowed values:"
+        " tensors, numpy arrays, PIL images or numbers (or tuples of them)."
     )
 
 
@@ -39,15 +39,19 @@ def _collate(samples: list[Any]) -> tuple[Tensor, ...]:
     rows = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in samples]
     width = len(rows[0])
     if any(len(r) != width for r in rows):
-        raise SpeedupConfigError("to_tensors needs every sample to have the same number of fields.")
+        raise SpeedupConfigError(
+            "to_tensors needs every sample to have the same number of fields. Allowed values: samples with one "
+            "field count."
+        )
     fields = []
     for i in range(width):
         parts = [_field_to_tensor(r[i]) for r in rows]
         shapes = {tuple(p.shape) for p in parts}
         if len(shapes) != 1:
             raise SpeedupConfigError(
-                f"to_tensors found samples of different shapes {sorted(shapes)} in field {i}."
-                " HINT: add deterministic transforms that give one size (e.g. v2.Resize + v2.CenterCrop)."
+                f"to_tensors found samples of different shapes {sorted(shapes)} in field {i}. Allowed values: one"
+                " shape per field. HINT: add deterministic transforms that give one size (e.g. v2.Resize +"
+                " v2.CenterCrop)."
             )
         fields.append(torch.stack(parts))
     return tuple(fields)
@@ -101,13 +105,15 @@ def to_tensors(
     """
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
         raise SpeedupConfigError(
-            f"`dataset`={type(dataset).__name__} is not a map-style dataset (needs __len__ and __getitem__)."
+            f"`dataset`={type(dataset).__name__} is not a map-style dataset (needs __len__ and __getitem__). Allowed"
+            " values: a map-style dataset."
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise SpeedupConfigError(f"`batch_size`={batch_size!r} must be a positive integer.")
+    check_int("batch_size", batch_size, 1)
     n = len(dataset)
     if n == 0:
-        raise SpeedupConfigError("`dataset` is empty: there is nothing to decode.")
+        raise SpeedupConfigError(
+            "`dataset` is empty: there is nothing to decode. Allowed values: a dataset with at least one sample."
+        )
     target = resolve_device(device)
     if type(dataset) is TensorDataset:  # already tensors: nothing to decode
         return tuple(t if target is None else t.to(target) for t in dataset.tensors)
@@ -124,8 +130,9 @@ def to_tensors(
                 out = [torch.empty((n, *f.shape[1:]), dtype=f.dtype) for f in batch]
             if len(batch) != len(out) or any(f.shape[1:] != o.shape[1:] for f, o in zip(batch, out)):
                 raise SpeedupConfigError(
-                    "to_tensors found samples of different shapes or field counts across batches."
-                    " HINT: add deterministic transforms that give one size (e.g. v2.Resize + v2.CenterCrop)."
+                    "to_tensors found samples of different shapes or field counts across batches. Allowed values:"
+                    " one shape per field. HINT: add deterministic transforms that give one size (e.g. v2.Resize +"
+                    " v2.CenterCrop)."
                 )
             k = batch[0].shape[0]
             for f, o in zip(batch, out):

@@ -15,11 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_callable, check_int
 
 __all__ = ["DeviceDataLoader", "resolve_device"]
 
 DeviceLike = torch.device | str | int | Any
+
+_DEVICE_ALLOWED = "None, a torch.device, str or int, a LightningModule, a LightningDataModule or a Trainer"
 
 
 def resolve_device(device: DeviceLike) -> torch.device | None:
@@ -42,7 +44,9 @@ def resolve_device(device: DeviceLike) -> torch.device | None:
         try:
             return torch.device(device)
         except (RuntimeError, TypeError) as err:
-            raise SpeedupConfigError(f"`device`={device!r} is not a valid torch device.") from err
+            raise SpeedupConfigError(
+                f"`device`={device!r} is not a valid torch device. Allowed values: {_DEVICE_ALLOWED}."
+            ) from err
     import lightning.pytorch as pl
 
     if isinstance(device, pl.LightningModule):
@@ -52,15 +56,12 @@ def resolve_device(device: DeviceLike) -> torch.device | None:
     if isinstance(device, pl.LightningDataModule):
         if device.trainer is None:
             raise SpeedupConfigError(
-                "`device` is a LightningDataModule that is not attached to a Trainer yet."
-                " HINT: build the loader inside `train_dataloader()`,"
-                " or pass `device=self.trainer.strategy.root_device`."
+                "`device` is a LightningDataModule that is not attached to a Trainer yet. Allowed values: a"
+                " datamodule attached to a Trainer, or a torch.device. HINT: build the loader inside"
+                " `train_dataloader()`, or pass `device=self.trainer.strategy.root_device`."
             )
         return device.trainer.strategy.root_device
-    raise SpeedupConfigError(
-        f"`device`={device!r} is not supported. Allowed values: None, a torch.device, str or int, a LightningModule,"
-        " a LightningDataModule or a Trainer."
-    )
+    raise SpeedupConfigError(f"`device`={device!r} is not supported. Allowed values: {_DEVICE_ALLOWED}.")
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -138,34 +139,38 @@ class DeviceDataLoader:
         world_size: int | None = None,
     ) -> None:
         if not tensors:
-            raise SpeedupConfigError("`tensors` is empty. HINT: pass the data: `DeviceDataLoader(images, labels)`.")
+            raise SpeedupConfigError(
+                "`tensors` is empty. Allowed values: one or more tensors. HINT: pass the data: "
+                "`DeviceDataLoader(images, labels)`."
+            )
         if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
             tensors = tuple(tensors[0])
         if not all(isinstance(t, Tensor) for t in tensors):
             kinds = [type(t).__name__ for t in tensors]
             raise SpeedupConfigError(
-                f"`tensors` must all be torch.Tensor, got {kinds}. HINT: decode a dataset first with `to_tensors()`."
+                f"`tensors` must all be torch.Tensor, got {kinds}. Allowed values: torch.Tensor. HINT: decode a "
+                "dataset first with `to_tensors()`."
             )
         lengths = [t.shape[0] if t.ndim > 0 else None for t in tensors]
         if None in lengths or len(set(lengths)) != 1:
-            raise SpeedupConfigError(f"`tensors` must have the same length (first dimension), got lengths {lengths}.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise SpeedupConfigError(f"`batch_size`={batch_size!r} must be a positive integer.")
-        if not isinstance(transform_index, int) or not -len(tensors) <= transform_index < len(tensors):
             raise SpeedupConfigError(
-                f"`transform_index`={transform_index!r} is out of range. Allowed values: 0..{len(tensors) - 1}."
+                f"`tensors` must have the same length (first dimension), got lengths {lengths}. Allowed values: "
+                "tensors with equal first dimensions."
             )
-        if transform is not None and not callable(transform):
-            raise SpeedupConfigError(f"`transform`={transform!r} must be callable.")
+        check_int("batch_size", batch_size, 1)
+        check_int("transform_index", transform_index, -len(tensors), len(tensors) - 1)
+        check_callable("transform", transform, "a callable(batch) -> batch", optional=True)
         if (rank is None) != (world_size is None):
             raise SpeedupConfigError(
-                f"`rank`={rank!r} and `world_size`={world_size!r} must be given together (or neither, to read them"
-                " from torch.distributed)."
+                f"`rank`={rank!r} and `world_size`={world_size!r} must be given together. Allowed values: both, or"
+                " neither (to read them from torch.distributed)."
             )
         self.tensors: tuple[Tensor, ...] = tuple(tensors)
         self.num_samples = int(lengths[0])  # type: ignore[arg-type]
         if self.num_samples == 0:
-            raise SpeedupConfigError("`tensors` are empty (length 0): there is nothing to load.")
+            raise SpeedupConfigError(
+                "`tensors` are empty (length 0): there is nothing to load. Allowed values: tensors with samples."
+            )
         self.batch_size, self.shuffle, self.drop_last, self.seed = batch_size, bool(shuffle), bool(drop_last), int(seed)
         self.transform, self.transform_index = transform, transform_index
         self._device_spec = device
@@ -200,12 +205,13 @@ class DeviceDataLoader:
         if self.drop_last and self.batch_size > shard:
             raise SpeedupConfigError(
                 f"`batch_size`={self.batch_size} is larger than the {shard} samples of each of the {world} shard(s)"
-                " with `drop_last=True`, so there would be no batch at all."
-                " HINT: lower `batch_size` or set `drop_last=False`."
+                f" with `drop_last=True`, so there would be no batch at all. Allowed values: a batch_size <= {shard},"
+                " or drop_last=False."
             )
         if shard == 0:
             raise SpeedupConfigError(
-                f"{self.num_samples} samples cannot be sharded over `world_size`={world} with `drop_last=True`."
+                f"{self.num_samples} samples cannot be sharded over `world_size`={world} with `drop_last=True`. "
+                f"Allowed values: a world_size <= {self.num_samples}, or drop_last=False."
             )
 
     @property

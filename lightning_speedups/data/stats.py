@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int
 from lightning_speedups.data.convert import _collate
 from lightning_speedups.data.loader import DeviceDataLoader
 
@@ -52,11 +52,14 @@ def _input_batches(data: Any, batch_size: int, num_workers: int) -> Iterator[Ten
                 batch = batch[0]
             elif isinstance(batch, dict):
                 raise SpeedupConfigError(
-                    "compute_mean_std got dict batches."
+                    "compute_mean_std got dict batches. Allowed values: tensor batches or (images, ...) tuples."
                     " HINT: pass the image tensor or a loader of (images, ...) tuples."
                 )
             if not isinstance(batch, Tensor):
-                raise SpeedupConfigError(f"compute_mean_std needs tensor batches, got {type(batch).__name__}.")
+                raise SpeedupConfigError(
+                    f"compute_mean_std needs tensor batches, got {type(batch).__name__}. Allowed values: tensor "
+                    "batches or (images, ...) tuples."
+                )
             yield batch
         return
     raise SpeedupConfigError(
@@ -105,18 +108,16 @@ def compute_mean_std(
         >>> torch.allclose(torch.tensor(stats.std), x.transpose(0, 1).reshape(3, -1).double().std(1).float())
         True
     """
-    if correction not in (0, 1):
-        raise SpeedupConfigError(f"`correction`={correction!r} is not supported. Allowed values: 0, 1.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise SpeedupConfigError(f"`batch_size`={batch_size!r} must be a positive integer.")
+    check_choice("correction", correction, (0, 1))
+    check_int("batch_size", batch_size, 1)
     count = 0
     mean: Tensor | None = None
     m2: Tensor | None = None
     for batch in _input_batches(dataset_or_loader, batch_size, num_workers):
         if batch.ndim < 2:
             raise SpeedupConfigError(
-                f"compute_mean_std needs batches of shape (B, C, ...), got {tuple(batch.shape)}."
-                " HINT: grayscale (B, H, W) batches need a channel dimension: images.unsqueeze(1)."
+                f"compute_mean_std needs batches of shape (B, C, ...), got {tuple(batch.shape)}. Allowed values:"
+                " batches with a channel dimension. HINT: grayscale (B, H, W) batches need one: images.unsqueeze(1)."
             )
         if batch.shape[0] == 0:
             continue
@@ -131,7 +132,10 @@ def compute_mean_std(
             mean, m2, count = mean_b, m2_b, n_b
             continue
         if mean.shape[0] != c:
-            raise SpeedupConfigError(f"compute_mean_std found batches with {mean.shape[0]} and {c} channels.")
+            raise SpeedupConfigError(
+                f"compute_mean_std found batches with {mean.shape[0]} and {c} channels. Allowed values: batches with "
+                "one channel count."
+            )
         mean_b, m2_b = mean_b.to(mean.device), m2_b.to(mean.device)
         delta = mean_b - mean
         total = count + n_b
@@ -139,11 +143,14 @@ def compute_mean_std(
         m2 = m2 + m2_b + delta.square() * (count * n_b / total)
         count = total
     if mean is None or m2 is None or count == 0:
-        raise SpeedupConfigError("`dataset_or_loader` is empty: there is nothing to compute the mean and std of.")
+        raise SpeedupConfigError(
+            "`dataset_or_loader` is empty: there is nothing to compute the mean and std of. Allowed values: data "
+            "with at least one sample."
+        )
     if count - correction <= 0:
         raise SpeedupConfigError(
             f"compute_mean_std got {count} value(s) per channel;"
-            f" `correction`={correction} needs more than {correction}."
+            f" `correction`={correction} needs more than {correction}. Allowed values: correction=0, or more data."
         )
     std = (m2 / (count - correction)).sqrt()
     return MeanStd(tuple(mean.cpu().tolist()), tuple(std.cpu().tolist()))

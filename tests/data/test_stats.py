@@ -42,7 +42,7 @@ def test_compute_mean_std_misconfiguration():
         compute_mean_std([])
     with pytest.raises(SpeedupConfigError, match="`correction`=2 is not supported"):
         compute_mean_std(torch.rand(4, 3), correction=2)
-    with pytest.raises(SpeedupConfigError, match="`batch_size`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match="`batch_size`=0 is out of range. Allowed values: an integer >= 1"):
         compute_mean_std(torch.rand(4, 3), batch_size=0)
     with pytest.raises(SpeedupConfigError, match=r"needs batches of shape \(B, C, ...\)"):
         compute_mean_std(torch.rand(8))
@@ -100,7 +100,7 @@ def test_to_tensors_misconfiguration():
         to_tensors(_ListDataset([]))
     with pytest.raises(SpeedupConfigError, match="not a map-style dataset"):
         to_tensors(iter([1, 2]))
-    with pytest.raises(SpeedupConfigError, match="`batch_size`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match="`batch_size`=0 is out of range. Allowed values: an integer >= 1"):
         to_tensors(_ListDataset([1]), batch_size=0)
     with pytest.raises(SpeedupConfigError, match="samples of different shapes"):
         to_tensors(_ListDataset([torch.zeros(3, 4), torch.zeros(3, 5)]))
