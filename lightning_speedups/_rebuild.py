@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._compat import ddp_wrap_again, init_optimizers_and_schedulers
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 
 __all__ = ["ParamOrigin", "rebuild_optimizers", "rewrap_ddp", "slice_state_tensor"]
 
@@ -128,8 +128,8 @@ def rebuild_optimizers(
         fresh.
 
     Raises:
-        SpeedupConfigError: under a strategy whose optimizers cannot be rebuilt this way (DeepSpeed, FSDP, ...), or
-            when the rebuilt module defines a different number of optimizers or schedulers.
+        SpeedupConfigError: under a strategy whose optimizers cannot be rebuilt this way (DeepSpeed, FSDP, ...).
+        SpeedupRuntimeError: when the rebuilt module defines a different number of optimizers or schedulers.
 
     Example::
 
@@ -155,7 +155,7 @@ def rebuild_optimizers(
     rewrapped = rewrap_ddp(trainer)
     new_optimizers, new_configs = init_optimizers_and_schedulers(pl_module)  # type: ignore[arg-type]
     if len(new_optimizers) != len(old_optimizers) or len(new_configs) != len(old_configs):
-        raise SpeedupConfigError(
+        raise SpeedupRuntimeError(
             f"`configure_optimizers` returned {len(new_optimizers)} optimizers / {len(new_configs)} schedulers after "
             f"the rebuild, but {len(old_optimizers)} / {len(old_configs)} before. Allowed values: the same counts. "
             "HINT: make configure_optimizers depend only on the module's parameters."

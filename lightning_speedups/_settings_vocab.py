@@ -72,4 +72,7 @@ def _check_overrides(overrides: dict[str, Any]) -> None:
         if key not in valid:
             close = difflib.get_close_matches(key, sorted(valid), n=3)
             hint = f" HINT: did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise SpeedupConfigError(f"`{key}` is not a lightning.Trainer argument.{hint}")
+            raise SpeedupConfigError(
+                f"`{key}` is not a lightning.Trainer argument. Allowed values: the arguments of lightning.Trainer."
+                f"{hint}"
+            )

@@ -178,8 +178,9 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool
         snapshot.restore()
         model.__dict__.pop(_APPLIED_ATTR, None)
         raise SpeedupConfigError(
-            f"`path`={str(path)!r} does not fit {type(model).__name__}: {err}. The model is unchanged. HINT: build the "
-            "model with the constructor arguments it was trained with."
+            f"`path`={str(path)!r} does not fit {type(model).__name__}: {err}. The model is unchanged. Allowed values: "
+            "a checkpoint of this architecture. HINT: build the model with the constructor arguments it was trained "
+            "with."
         ) from err
     del result
     return model

@@ -50,7 +50,7 @@ def test_demo_models_forward_and_fit():
 
 
 def test_demo_misconfiguration():
-    with pytest.raises(SpeedupConfigError, match=r"`batch_size`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match=r"`batch_size`=0 is out of range. Allowed values: an integer >= 1"):
         DigitsDataModule(batch_size=0)
     with pytest.raises(SpeedupConfigError, match=r"`channels`=2 is not supported. Allowed values: 1, 3"):
         DigitsDataModule(channels=2)
@@ -58,9 +58,9 @@ def test_demo_misconfiguration():
         DigitsDataModule(classes=[1, 1])
     with pytest.raises(SpeedupConfigError, match=r"`val_fraction`=1.5 is out of range"):
         DigitsDataModule(val_fraction=1.5)
-    with pytest.raises(SpeedupConfigError, match=r"`width`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match=r"`width`=0 is out of range. Allowed values: an integer >= 1"):
         DemoClassifier(width=0)
-    with pytest.raises(SpeedupConfigError, match=r"`num_classes`=1 must be an integer >= 2"):
+    with pytest.raises(SpeedupConfigError, match=r"`num_classes`=1 is out of range. Allowed values: an integer >= 2"):
         DemoClassifier(num_classes=1)
-    with pytest.raises(SpeedupConfigError, match=r"`n`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match=r"`n`=0 is out of range. Allowed values: an integer >= 1"):
         ShapesDataset(n=0)

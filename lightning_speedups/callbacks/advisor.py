@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_speedups import settings
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._advisor_measure import (
     checksum,
@@ -76,9 +76,8 @@ class SpeedAdvisor(Callback):
         thresholds: AdvisorThresholds | dict[str, Any] | None = None,
         verbose: bool = True,
     ) -> None:
-        for name, v in (("warmup_steps", warmup_steps), ("window_steps", window_steps)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise SpeedupConfigError(f"`{name}`={v!r} must be a positive integer.")
+        check_int("warmup_steps", warmup_steps, 1)
+        check_int("window_steps", window_steps, 1)
         if window_steps < warmup_steps:
             raise SpeedupConfigError(
                 f"`window_steps`={window_steps!r} is smaller than `warmup_steps`={warmup_steps!r}. Allowed values: "
@@ -317,7 +316,10 @@ class SpeedAdvisor(Callback):
     def to_json(self, path: str | Path | None = None) -> str:
         """The report as JSON, written to ``path`` when given."""
         if self.report is None:
-            raise SpeedupConfigError("`SpeedAdvisor.report` is None: no timed batch has run yet.")
+            raise SpeedupRuntimeError(
+                "`SpeedAdvisor.report` is None: no timed batch has run yet. HINT: call to_json after fit has timed "
+                "its window (warmup_steps + window_steps batches)."
+            )
         return self.report.to_json(path)
 
 

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import check_bool
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.functional.channels_last import (
     apply_channels_last,
@@ -50,8 +50,7 @@ class ChannelsLast(Callback):
     """
 
     def __init__(self, convert_batch: bool = True) -> None:
-        if not isinstance(convert_batch, bool):
-            raise SpeedupConfigError(f"`convert_batch`={convert_batch!r} must be a bool. Allowed values: True, False.")
+        check_bool("convert_batch", convert_batch)
         self.convert_batch = convert_batch
         self.active = False
         self.converted_batches = 0

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchvision.transforms import v2
 
-from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 
 __all__ = ["DigitsDataModule", "ShapesDataModule", "ShapesDataset", "load_digits_tensors", "DIGITS_MEAN", "DIGITS_STD"]
 
@@ -108,10 +108,8 @@ class DigitsDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise SpeedupConfigError(f"`batch_size`={batch_size!r} must be a positive integer.")
-        if channels not in (1, 3):
-            raise SpeedupConfigError(f"`channels`={channels!r} is not supported. Allowed values: 1, 3.")
+        check_int("batch_size", batch_size, 1)
+        check_choice("channels", channels, (1, 3))
         check_range("val_fraction", val_fraction, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
         if classes is not None:
             bad = [c for c in classes if c not in range(10)]
@@ -211,8 +209,7 @@ class ShapesDataset(TensorDataset):
     """
 
     def __init__(self, n: int = 4096, size: int = 32, seed: int = 0, noise: float = 0.08) -> None:
-        if not isinstance(n, int) or n <= 0:
-            raise SpeedupConfigError(f"`n`={n!r} must be a positive integer.")
+        check_int("n", n, 1)
         images, labels = _draw_shapes(n, size, seed, noise)
         super().__init__(images, labels)
         self.images, self.labels = images, labels
@@ -225,8 +222,7 @@ class ShapesDataModule(L.LightningDataModule):
         self, n_train: int = 4096, n_val: int = 1024, batch_size: int = 64, num_workers: int = 0, seed: int = 0
     ) -> None:
         super().__init__()
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise SpeedupConfigError(f"`batch_size`={batch_size!r} must be a positive integer.")
+        check_int("batch_size", batch_size, 1)
         self.save_hyperparameters()
         self.batch_size, self.num_workers = batch_size, num_workers
         self.n_train, self.n_val, self.seed = n_train, n_val, seed

@@ -9,7 +9,7 @@ import torch
 import torchmetrics
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import check_int
 from lightning_speedups.optim.mixin import SpeedupMixin
 
 __all__ = ["DemoClassifier", "DemoMLP"]
@@ -27,8 +27,7 @@ class _ClassifierBase(SpeedupMixin, L.LightningModule):
 
     def __init__(self, num_classes: int, **mixin_kwargs: Any) -> None:
         super().__init__(**mixin_kwargs)
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise SpeedupConfigError(f"`num_classes`={num_classes!r} must be an integer >= 2.")
+        check_int("num_classes", num_classes, 2)
         self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
@@ -81,8 +80,7 @@ class DemoClassifier(_ClassifierBase):
         scheduler_config: Any = None,
     ) -> None:
         super().__init__(num_classes, optimizer_config=optimizer_config, scheduler_config=scheduler_config)
-        if not isinstance(width, int) or width < 1:
-            raise SpeedupConfigError(f"`width`={width!r} must be a positive integer.")
+        check_int("width", width, 1)
         self.save_hyperparameters()
         w = width
         self.backbone = nn.Sequential(

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._errors import check_int, check_range
 
 __all__ = ["SEVERITIES", "AdvisorThresholds", "Finding", "Measurements", "OptimizerInfo"]
 
@@ -39,12 +39,9 @@ class AdvisorThresholds:
     def __post_init__(self) -> None:
         for name in ("data_wait", "data_wait_note", "low_utilisation", "memory_pressure", "optimizer_share"):
             check_range(name, getattr(self, name), 0.0, 1.0)
-        if self.data_wait_note > self.data_wait:
-            raise SpeedupConfigError(
-                f"`data_wait_note`={self.data_wait_note!r} must not exceed `data_wait`={self.data_wait!r}."
-            )
-        if not isinstance(self.small_batch, int) or self.small_batch < 1:
-            raise SpeedupConfigError(f"`small_batch`={self.small_batch!r} must be a positive integer.")
+        check_range("data_wait_note", self.data_wait_note, 0.0, self.data_wait,
+                    hint=f"`data_wait_note` must not exceed `data_wait`={self.data_wait!r}.")  # fmt: skip
+        check_int("small_batch", self.small_batch, 1)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import lightning_speedups.callbacks.advisor as advisor_mod
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 from lightning_speedups._registry import get_technique
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
 from lightning_speedups.demo import DemoClassifier
@@ -88,9 +88,9 @@ def _fit(advisor: SpeedAdvisor, model: L.LightningModule, data: Dataset, steps: 
 
 
 def test_advisor_misconfiguration():
-    with pytest.raises(SpeedupConfigError, match="`warmup_steps`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match="`warmup_steps`=0 is out of range. Allowed values: an integer >= 1"):
         SpeedAdvisor(warmup_steps=0)
-    with pytest.raises(SpeedupConfigError, match="`window_steps`=-1 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match="`window_steps`=-1 is out of range. Allowed values: an integer >= 1"):
         SpeedAdvisor(window_steps=-1)
     with pytest.raises(SpeedupConfigError, match="`window_steps`=3 is smaller than `warmup_steps`=5"):
         SpeedAdvisor(warmup_steps=5, window_steps=3)
@@ -98,7 +98,7 @@ def test_advisor_misconfiguration():
         SpeedAdvisor(thresholds="high")  # type: ignore[arg-type]
     with pytest.raises(SpeedupConfigError, match="`data_wait`=2 is out of range"):
         SpeedAdvisor(thresholds={"data_wait": 2})
-    with pytest.raises(SpeedupConfigError, match="no timed batch has run yet"):
+    with pytest.raises(SpeedupRuntimeError, match="no timed batch has run yet"):
         SpeedAdvisor().to_json()
 
 

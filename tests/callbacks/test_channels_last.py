@@ -44,7 +44,7 @@ class Recorder(DemoClassifier):
 
 
 def test_channels_last_misconfiguration():
-    with pytest.raises(SpeedupConfigError, match="`convert_batch`='yes' must be a bool"):
+    with pytest.raises(SpeedupConfigError, match="`convert_batch`='yes' is not supported. Allowed values: True, False"):
         ChannelsLast(convert_batch="yes")  # type: ignore[arg-type]
 
 

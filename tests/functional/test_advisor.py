@@ -35,9 +35,9 @@ def _keys(findings) -> list[str]:
 def test_advisor_misconfiguration():
     with pytest.raises(SpeedupConfigError, match="`data_wait`=1.5 is out of range"):
         AdvisorThresholds(data_wait=1.5)
-    with pytest.raises(SpeedupConfigError, match="`data_wait_note`=0.5 must not exceed `data_wait`"):
+    with pytest.raises(SpeedupConfigError, match="`data_wait_note`=0.5 is out of range.*must not exceed `data_wait`"):
         AdvisorThresholds(data_wait_note=0.5, data_wait=0.2)
-    with pytest.raises(SpeedupConfigError, match="`small_batch`=0 must be a positive integer"):
+    with pytest.raises(SpeedupConfigError, match="`small_batch`=0 is out of range. Allowed values: an integer >= 1"):
         AdvisorThresholds(small_batch=0)
 
 
