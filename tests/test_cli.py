@@ -55,7 +55,7 @@ def test_cli_bench_only_json_and_plots(tmp_path, capsys):
     assert payload["quick"] is True and payload["errors"] == {}
     assert [r["technique"] for r in payload["rows"]] == ["precision"]
     assert payload["rows"][0]["ratio"] > 0
-    assert (tmp_path / "speedups.png").stat().st_size > 1000
+    assert (tmp_path / "components.png").stat().st_size > 1000 and not (tmp_path / "end_to_end.png").exists()
     assert "| technique |" in (tmp_path / "bench.md").read_text()
     assert "speedup" in capsys.readouterr().out
 
