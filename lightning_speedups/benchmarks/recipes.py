@@ -138,7 +138,8 @@ def run(quick: bool = True, target: float | None = None, no_bf16: bool = False) 
             best = max(a for rs in recs.values() for r in rs for _, a in r.curve)
             raise SpeedupConfigError(
                 f"`target`={goal} was not reached by any run on {task} within {max_epochs} epochs (best val_acc "
-                f"{best:.3f}). HINT: lower the target accuracy."
+                f"{best:.3f}). Allowed values: a target <= {best:.3f}, the best reached. HINT: lower the target "
+                "accuracy."
             )
         rows += [_row(task, kind, goal, recs) for kind in ("fast_train", "autotune")]
     return rows

@@ -78,11 +78,8 @@ class SpeedAdvisor(Callback):
     ) -> None:
         check_int("warmup_steps", warmup_steps, 1)
         check_int("window_steps", window_steps, 1)
-        if window_steps < warmup_steps:
-            raise SpeedupConfigError(
-                f"`window_steps`={window_steps!r} is smaller than `warmup_steps`={warmup_steps!r}. Allowed values: "
-                "window_steps >= warmup_steps. HINT: time at least as many batches as you warm up, e.g. 5 and 20."
-            )
+        hint = "not smaller than `warmup_steps`: time at least as many batches as you warm up, e.g. 5 and 20."
+        check_int("window_steps", window_steps, warmup_steps, hint=hint)
         if isinstance(thresholds, dict):
             thresholds = AdvisorThresholds(**thresholds)
         elif thresholds is not None and not isinstance(thresholds, AdvisorThresholds):

@@ -93,8 +93,8 @@ def find_head(model: nn.Module, names: Sequence[str] = HEAD_NAMES) -> str:
             return found[name]
     raise SpeedupConfigError(
         f"Could not find the classifier head of {type(model).__name__}: no submodule with parameters is named one of "
-        f"{', '.join(map(repr, names))}. HINT: pass `backbone=` (an attribute name, a list of module names or a "
-        "callable) to say what to freeze."
+        f"{', '.join(map(repr, names))}. Allowed values: a model with such a head, or an explicit `backbone=`. HINT: "
+        "pass `backbone=` (an attribute name, a list of module names or a callable) to say what to freeze."
     )
 
 

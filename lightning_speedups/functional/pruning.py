@@ -348,11 +348,13 @@ def _check_still_runs(model: nn.Module, example_inputs: Any, shapes_before: list
         raise SpeedupConfigError(
             f"structured pruning would break {type(model).__name__}: after pruning, its forward fails"
             f"{f' in module {where!r}' if where else ''} with {type(cause).__name__}: {cause}. The model is "
-            "unchanged. HINT: that module hard-codes a channel count (e.g. `x.view(-1, 16)`); add the layer feeding "
-            "it to `ignored_layers`, or compute the size from the tensor (`x.flatten(1)`)."
+            "unchanged. Allowed values: `ignored_layers` that hold the layer feeding that module. HINT: that module "
+            "hard-codes a channel count (e.g. `x.view(-1, 16)`); add the layer feeding it to `ignored_layers`, or "
+            "compute the size from the tensor (`x.flatten(1)`)."
         ) from cause
     if shapes != shapes_before:
         raise SpeedupConfigError(
             f"structured pruning would change {type(model).__name__}'s output shapes from {shapes_before} to "
-            f"{shapes}. The model is unchanged. HINT: add the output layer to `ignored_layers`."
+            f"{shapes}. The model is unchanged. Allowed values: `ignored_layers` that hold the output layer. HINT: "
+            "add the output layer to `ignored_layers`."
         )
