@@ -22,7 +22,8 @@ class TechniqueInfo:
         functional: the plain-PyTorch entry point (``None`` if there is none).
         summary: one line for tables and ``--help``.
         requires: hardware or extras needed, e.g. ``("cuda>=8.9", "torchao")``; empty when it runs anywhere.
-        mission_tip: which of the nine mission tips it covers.
+        mission_tip: the numbers of the nine mission tips it covers, ascending and separated by ``", "`` (``"4"``,
+            ``"3, 6"``); the words belong in ``summary``. A technique that serves every tip lists all nine.
         bench: ``"module:function"`` of its benchmark (imported lazily), or ``None``.
         example_kwargs: constructor kwargs that make the callback train for two batches on the demo task.
         needs: names of optional python modules needed to build the callback.

@@ -41,7 +41,7 @@ register_technique(
         functional=enable_speed_flags,
         summary="TF32 matmuls + cuDNN autotuning on NVIDIA GPUs (a no-op with a reason elsewhere)",
         requires=("cuda for any effect",),
-        mission_tip="8 code optimization / 9 hardware",
+        mission_tip="8, 9",
         example_kwargs={"verbose": False},
     )
 )

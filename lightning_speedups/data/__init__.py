@@ -29,7 +29,7 @@ register_technique(
         callback=None,
         functional=DeviceDataLoader,
         summary="Keep the dataset on the device, slice whole batches and augment them there (no per-sample loader).",
-        mission_tip="6 (data preprocessing), 8 (code optimization: data on the device)",
+        mission_tip="6, 8",
         bench="lightning_speedups.benchmarks.data:run",
     )
 )

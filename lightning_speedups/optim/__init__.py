@@ -66,7 +66,7 @@ register_technique(
         callback=None,
         functional=create_optimizer,
         summary="SpeedupMixin + OptimizerConfig/SchedulerConfig: no-decay groups, lr multipliers, per-step schedules",
-        mission_tip="2: optimizers, 3: learning-rate schedules",
+        mission_tip="2, 3",
         bench="lightning_speedups.benchmarks.optim:run",
     )
 )
