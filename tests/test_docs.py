@@ -251,3 +251,10 @@ def test_execute_notebooks_names_the_failing_cell(tmp_path: Path, capsys: pytest
     err = capsys.readouterr().err
     assert "bad.ipynb: cell 2 (1 / 0) failed: ZeroDivisionError: division by zero" in err
     assert bad.read_bytes() == before  # stored outputs are never half-updated
+
+
+def test_readme_links_every_notebook_and_the_site() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## Documentation" in readme and "sphinx-build -W" in readme
+    missing = [nb.name for nb in sorted((ROOT / "notebooks").glob("*.ipynb")) if f"(notebooks/{nb.name})" not in readme]
+    assert not missing, f"README.md does not link these notebooks: {missing}"
