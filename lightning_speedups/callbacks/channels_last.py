@@ -46,7 +46,7 @@ class ChannelsLast(Callback):
 
     Example::
 
-        >>> trainer = L.Trainer(callbacks=[ChannelsLast()])  # doctest: +SKIP
+        >>> trainer = L.Trainer(callbacks=[ChannelsLast()], logger=False)
     """
 
     def __init__(self, convert_batch: bool = True) -> None:

@@ -57,7 +57,7 @@ class TorchCompile(Callback):
 
     Example::
 
-        >>> trainer = L.Trainer(callbacks=[TorchCompile(mode="max-autotune")])  # doctest: +SKIP
+        >>> trainer = L.Trainer(callbacks=[TorchCompile(mode="max-autotune")], logger=False)
     """
 
     def __init__(

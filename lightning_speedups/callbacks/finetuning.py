@@ -91,7 +91,7 @@ class FineTuneFreezing(Callback):
 
         >>> from lightning_speedups.demo import DemoClassifier
         >>> cb = FineTuneFreezing(unfreeze_at_epoch=2, unfreeze_every=1, lr_decay=0.5)
-        >>> trainer = L.Trainer(max_epochs=4, callbacks=[cb])  # doctest: +SKIP
+        >>> trainer = L.Trainer(max_epochs=4, callbacks=[cb], logger=False)
     """
 
     def __init__(

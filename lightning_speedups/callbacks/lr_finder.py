@@ -40,8 +40,8 @@ class LRFinder(LearningRateFinder):
     Example::
 
         >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
-        >>> trainer = L.Trainer(max_epochs=1, callbacks=[LRFinder(rule="valley")])  # doctest: +SKIP
-        >>> trainer.fit(DemoClassifier(), DigitsDataModule())  # doctest: +SKIP
+        >>> trainer = L.Trainer(max_epochs=1, callbacks=[LRFinder(rule="valley")], logger=False)
+        >>> trainer.fit(DemoClassifier(), DigitsDataModule())  # a real range test + epoch  # doctest: +SKIP
     """
 
     def __init__(
