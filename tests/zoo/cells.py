@@ -144,7 +144,7 @@ class FitRecord:
 def fit_cell(cell: Cell, root: Path) -> FitRecord:
     """Fit the cell's model for 2 epochs with the technique and check the outcome against the table."""
     L.seed_everything(0, verbose=False)
-    model = build(cell.arch, seed=0)
+    model = build(cell.arch, seed=0, scheduler=cell.technique.module_scheduler)
     before = _snapshot(model)
     dense = param_count(model)
     callbacks = cell.technique.callbacks()  # type: ignore[misc]
@@ -228,7 +228,8 @@ def resume_check(cell: Cell, rec: FitRecord) -> str | None:
     """Resume a fresh model from the epoch-1 checkpoint; return why it differs from the uninterrupted run, or None."""
     assert rec.root is not None
     L.seed_everything(0, verbose=False)
-    model = build(cell.arch, seed=1)  # other initial weights: everything must come from the checkpoint
+    # other initial weights: everything must come from the checkpoint
+    model = build(cell.arch, seed=1, scheduler=cell.technique.module_scheduler)
     trainer = make_trainer(cell.technique.callbacks(), rec.root / "resume")  # type: ignore[misc]
     try:
         trainer.fit(model, ckpt_path=rec.ckpts[0])

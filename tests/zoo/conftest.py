@@ -1,8 +1,9 @@
 """Zoo plumbing: run each cell's tests back to back, guard memory, and write results JSON when asked.
 
 ``LS_ZOO_RESULTS=path.json`` makes the session write every cell's observed outcome and check statuses there
-(``tests/zoo/make_table.py`` turns it into the README table). ``LS_ZOO_MAX_RSS_MB`` (default 6000) stops the run
-with a clear message if the test process grows past it (a technique that blows memory on one architecture).
+(``tests/zoo/make_table.py`` turns it into the README table). ``LS_ZOO_MAX_RSS_MB`` (default 6000, 0 = off) stops the
+run with a clear message if the process grows past it during a zoo test (a technique that blows memory on one
+architecture must not take the machine down; it cannot be caught inside the test, so the run ends).
 """
 
 from __future__ import annotations
@@ -34,13 +35,19 @@ def pytest_collection_modifyitems(config, items):
         items[i] = it
 
 
+_IN_ZOO_TEST = threading.Event()  # the watchdog only acts while a zoo test runs (other suites share the session)
+
+
 def _watchdog(limit_mb: int) -> None:
     import psutil
 
     proc = psutil.Process()
     while True:
         rss = proc.memory_info().rss / 2**20
-        if rss > limit_mb:
+        if rss > limit_mb and _IN_ZOO_TEST.is_set():
+            capture = _CONFIG[0].pluginmanager.getplugin("capturemanager") if _CONFIG else None
+            if capture is not None:  # pytest captures fd 2: let the message reach the terminal
+                capture.suspend_global_capture(in_=False)
             sys.stderr.write(f"\n[zoo] RSS {rss:.0f} MiB > LS_ZOO_MAX_RSS_MB={limit_mb}: aborting the run "
                              f"(current test: {os.environ.get('PYTEST_CURRENT_TEST')})\n")  # fmt: skip
             sys.stderr.flush()
@@ -48,10 +55,31 @@ def _watchdog(limit_mb: int) -> None:
         time.sleep(0.2)
 
 
-def pytest_sessionstart(session):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    zoo = item.get_closest_marker("zoo") is not None
+    if zoo:
+        _start_watchdog()
+        _IN_ZOO_TEST.set()
+    try:
+        yield
+    finally:
+        _IN_ZOO_TEST.clear()
+
+
+_WATCHDOG: list[threading.Thread] = []
+_CONFIG: list[pytest.Config] = []
+
+
+def pytest_configure(config):
+    _CONFIG.append(config)
+
+
+def _start_watchdog() -> None:
     limit = int(os.environ.get("LS_ZOO_MAX_RSS_MB", "6000"))
-    if limit > 0:
-        threading.Thread(target=_watchdog, args=(limit,), daemon=True, name="zoo-rss-watchdog").start()
+    if limit > 0 and not _WATCHDOG:
+        _WATCHDOG.append(threading.Thread(target=_watchdog, args=(limit,), daemon=True, name="zoo-rss-watchdog"))
+        _WATCHDOG[0].start()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -40,13 +40,13 @@ def run_zoo(pytest_args: list[str]) -> dict[str, Any]:
         return json.loads(path.read_text())
 
 
-def _reason(outcome: str, width: int = 56) -> str:
+def _reason(outcome: str, width: int = 48) -> str:
     msg = re.sub(r"^refused:\s*(SpeedupConfigError:\s*)?", "", outcome)
     msg = re.sub(r"^`\w+`:\s*", "", msg)  # "`Float8Training`: float8 training needs ..." -> "float8 training ..."
     msg = msg.split(" HINT:")[0]
     first = re.split(r"(?<=[a-z0-9)`'\]])\. ", msg)[0].rstrip(".")
     if len(first) > width:
-        first = first[: width - 1].rstrip() + "…"
+        first = first[:width].rsplit(" ", 1)[0].rstrip(",;:") + " …"
     return first.replace("|", "\\|")
 
 
@@ -58,9 +58,12 @@ def cell_text(entry: dict[str, Any] | None) -> str:
         return f"skipped: {_reason(skipped[0], 40)}" if skipped else "-"
     checks = entry["checks"]
     failed = [name for name, status in checks.items() if status.startswith("fail")]
+    outcome = entry.get("outcome", "")
+    wording = checks.get("fit", "").startswith("fail: message does not name the module (") and ";" not in checks["fit"]
+    if failed == ["fit"] and wording and outcome.startswith("refused"):  # right refusal, message to complete
+        return f"refused: {_reason(outcome)} (message lacks the module name)"
     if failed:
         return f"fails ({', '.join(failed)})"
-    outcome = entry.get("outcome", "")
     if outcome.startswith("refused"):
         return f"refused: {_reason(outcome)}"
     if outcome == "works (none)":  # quantize_for_inference: no int8 path was faster here, the float copy came back

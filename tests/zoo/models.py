@@ -144,6 +144,9 @@ class ZooModule(_Counted, L.LightningModule):
         self.save_hyperparameters()  # plain python only: `arch` and `lr`
         self.kind = info.kind
         self.lr = lr if lr is not None else (1e-3 if info.kind == "tokens" else 0.05)
+        self.use_scheduler = True  # False: configure_optimizers returns the optimizer alone
+        self.label_smoothing = 0.0  # read by the loss, as timm / torchvision training scripts do
+        self.smoothing_seen: set[tuple[str, float]] = set()  # (stage, label_smoothing) the losses saw
         self.batch_size = BATCH
         self.net = info.net()
 
@@ -159,12 +162,14 @@ class ZooModule(_Counted, L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self._count()
         logits, y = self._logits_and_labels(batch)
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+        self.smoothing_seen.add(("train", self.label_smoothing))
         self.log("train_loss", loss, batch_size=len(y))
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         logits, y = self._logits_and_labels(batch)
+        self.smoothing_seen.add(("val", self.label_smoothing))
         self.log("val_loss", F.cross_entropy(logits, y), batch_size=len(y))
 
     def configure_optimizers(self) -> Any:
@@ -173,6 +178,8 @@ class ZooModule(_Counted, L.LightningModule):
             opt: torch.optim.Optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
         else:
             opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
+        if not self.use_scheduler:
+            return opt
         return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
 
     def _loader(self, n: int, offset: int) -> DataLoader:
@@ -318,8 +325,18 @@ def _arch_list() -> list[Arch]:
 ARCHS: dict[str, Arch] = {a.name: a for a in _arch_list()}
 
 
-def build(name: str, seed: int = 0) -> L.LightningModule:
-    """A fresh LightningModule for zoo row ``name``, its weights drawn from ``seed``."""
+def build(name: str, seed: int = 0, scheduler: bool = True) -> L.LightningModule:
+    """A fresh LightningModule for zoo row ``name``, its weights drawn from ``seed``.
+
+    ``scheduler=False`` makes ``configure_optimizers`` return the optimizer alone (for techniques that own the LR
+    schedule); Lightning's demo modules keep their own ``configure_optimizers``.
+    """
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return ARCHS[name].module()
+        module = ARCHS[name].module()
+    if not scheduler:
+        if isinstance(module, SpeedupMixin):
+            module.scheduler_config = None
+        elif isinstance(module, ZooModule):
+            module.use_scheduler = False
+    return module

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import Callback
 
 import lightning_speedups as ls
 from lightning_speedups import get_technique, list_techniques
+from tests.zoo.models import ARCHS
 
 __all__ = ["EFFECTS", "EXPECTED", "TECHNIQUES", "WORKS", "Refused", "Technique", "expected", "missing_needs",
            "param_count"]  # fmt: skip
@@ -39,6 +40,7 @@ class Technique:
     note: str = ""
     variant_of: str | None = None  # a variant is expected to behave like its base column unless EXPECTED says more
     combo: bool = False  # several techniques in one fit (a separate table in the README)
+    module_scheduler: bool = True  # False: the zoo module returns its optimizer alone (the technique owns the schedule)
 
 
 # kwargs merged over a registered technique's `example_kwargs` for the zoo (keep each cell cheap)
@@ -88,6 +90,13 @@ def _techniques() -> dict[str, Technique]:
                  lambda: ls.FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False),
                  "FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5)"),
     ]  # fmt: skip
+    # a technique that owns the LR schedule, on modules that return their optimizer alone (the column above checks
+    # the refusal of modules that return a scheduler)
+    fast = get_technique("fast_schedule") if "fast_schedule" in list_techniques() else None
+    if fast is not None and fast.callback is not None:
+        techs.append(Technique("fast_schedule_no_sched", lambda: [fast.callback(**fast.example_kwargs)], fast.needs,
+                               note=f"{fast.callback.__name__}(...) on a module whose configure_optimizers returns "
+                               "only the optimizer", variant_of="fast_schedule", module_scheduler=False))  # fmt: skip
     techs.append(Technique("quantize_for_inference", None, note="quantize_for_inference(model, inputs) (functional)"))
     techs += _combinations()
     return {t.name: t for t in techs}
@@ -139,6 +148,10 @@ class Refused:
 
 WORKS = "works"
 _NO_CONV = ("bert", "bert_mixin", "boring", "lightning_transformer")
+_NO_IMAGES = _NO_CONV  # batches without 4-D float tensors: nothing to resize
+_FIXED_SIZE = ("vit", "vit_mixin", "timm_vit_tiny", "convnext_tiny")  # fail at 16x16: fixed position embeddings; 1x1
+_NO_CE = ("boring", "lightning_transformer")  # MSE / nll_loss: no cross-entropy to smooth
+_OWN_SCHEDULER = tuple(a for a in ARCHS if a != "lightning_transformer")  # configure_optimizers returns a StepLR
 _NO_LR_ATTR = ("boring", "lightning_transformer")  # Lightning's demos hard-code lr=0.1 in configure_optimizers
 _NO_HEAD = ("boring", "lightning_transformer")  # no submodule named fc / classifier / head(s)
 
@@ -151,6 +164,12 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
     **{(a, "finetune"): Refused(r"(?i)head|backbone") for a in _NO_HEAD},
     # BoringModel's only layer is its output layer, which pruning never touches: nothing left to prune
     ("boring", "pruning"): Refused(r"(?i)prun"),
+    **{(a, "label_smoothing"): Refused(r"(?i)label smoothing") for a in _NO_CE},
+    # FastSchedule owns the LR schedule: a module that returns its own scheduler is a conflict
+    **{(a, "fast_schedule"): Refused(r"(?i)schedul") for a in _OWN_SCHEDULER},
+    **{(a, "fast_schedule_no_sched"): WORKS for a in ARCHS if a != "boring"},  # BoringModel: StepLR hard-coded
+    **{(a, "progressive_resizing"): Refused(r"(?i)image|4-D|resiz") for a in _NO_IMAGES},
+    **{(a, "progressive_resizing"): Refused(r"(?i)fails on|smaller|size") for a in _FIXED_SIZE},
 }
 
 
@@ -221,6 +240,17 @@ def _effect_lr_decay(model: torch.nn.Module, cbs: list[Callback], dense: int) ->
     return problem
 
 
+def _effect_resized(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    sizes = _find(cbs, ls.ProgressiveResizing).sizes
+    return None if any(k != "32x32" for k in sizes) else f"no training batch was resized (sizes seen: {sizes})"
+
+
+def _effect_smoothing(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
+    want = {("train", _find(cbs, ls.LabelSmoothing).smoothing), ("val", 0.0)}  # smoothed training loss, plain val_loss
+    seen = getattr(model, "smoothing_seen", set())
+    return None if seen == want else f"the losses saw label_smoothing {sorted(seen)}, expected {sorted(want)}"
+
+
 def _all(*effects: Effect) -> Effect:
     def check(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
         return "; ".join(p for e in effects if (p := e(model, cbs, dense))) or None
@@ -241,6 +271,13 @@ EFFECTS: dict[str, Effect] = {
     "advisor": _effect_attr(ls.SpeedAdvisor, "report", "no report"),
     "finetune": _effect_attr(ls.FineTuneFreezing, "groups", "no layer group was frozen"),
     "finetune_gradual": _effect_lr_decay,
+    "label_smoothing": _effect_smoothing,
+    "progressive_resizing": _effect_resized,
+    "fast_schedule_no_sched": lambda model, cbs, dense: (
+        None
+        if model.trainer.lr_scheduler_configs  # type: ignore
+        else "no LR scheduler was attached"
+    ),
     # combinations
     "compile+pruning": _all(_effect_pruning, _effect_attr(ls.TorchCompile, "compiled_calls", "nothing compiled")),
     "finetune_gradual+pruning": _all(_effect_pruning, _effect_lr_decay),
