@@ -247,6 +247,8 @@ def compare(
     prefer: Sequence[str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     seed: int = 0,
+    returns_time: bool = False,
+    initial: Mapping[str, Sequence[float]] | None = None,
 ) -> Comparison:
     """Choose among timed callables so that the choice holds under noise.
 
@@ -264,6 +266,11 @@ def compare(
         min_gain: the margin a candidate must clear (0.05 = at least 5% faster).
         budget_s: wall time for the whole comparison (warm-up included), measured with ``clock``.
         clock: seconds as a float; injectable so tests can feed noise models.
+        returns_time: each candidate call returns its own measured cost (seconds, or seconds per sample), used
+            instead of ``clock`` around the call; the ``clock`` then only keeps the budget. For work whose set-up
+            must not count, e.g. a training trial at one batch size that reports its per-sample step time.
+        initial: rounds already measured (``{name: [time per round, ...]}``, the same count for every candidate),
+            continued rather than repeated; they count toward ``min_rounds`` and ``max_rounds``.
 
     Raises:
         SpeedupConfigError: a ``budget_s`` <= 0, an unknown ``baseline``, fewer than two candidates.
@@ -280,33 +287,36 @@ def compare(
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[float]] = {n: [float(x) for x in (initial or {}).get(n, ())] for n in names}
+    if len({len(t) for t in times.values()}) > 1:
+        raise SpeedupConfigError(f"`initial` has {[len(t) for t in times.values()]} rounds per candidate; "
+                                 "Allowed values: the same number of rounds for every candidate.")
     ratios: dict[str, tuple[float, float, float]] = {}
-    rounds, decided, next_look = 0, False, min_rounds
+    rounds, threshold = len(times[names[0]]), 1.0 + min_gain
+    next_look = max(min_rounds, rounds + 1)
     # looks at geometrically spaced rounds, each at a stricter level: peeking after every round would let noise
     # "separate" equal candidates far more often than 1 - confidence
     look_confidence = 1.0 - (1.0 - confidence) / 4.0
-    while rounds < max_rounds:
+    if rounds >= min_rounds:  # the initial rounds may decide already
+        ratios = _ratio_intervals(times, baseline, look_confidence)
+    decided = rounds >= min_rounds and _separated(ratios, baseline, threshold)
+    while rounds < max_rounds and not decided:
         order = names[:]
         rng.shuffle(order)
         for name in order:
             t0 = clock()
-            candidates[name]()
-            times[name].append(clock() - t0)
+            out = candidates[name]()
+            times[name].append(float(out) if returns_time else clock() - t0)
         rounds += 1
         out_of_time = clock() - start > budget_s
         if rounds < next_look and not out_of_time:
             continue
         next_look = max(rounds + 1, math.ceil(rounds * 1.5))
         ratios = _ratio_intervals(times, baseline, look_confidence)
-        threshold = 1.0 + min_gain
-        decided = rounds >= min_rounds and all(
-            lo > threshold or hi < threshold for n, (lo, _m, hi) in ratios.items() if n != baseline
-        )
+        decided = rounds >= min_rounds and _separated(ratios, baseline, threshold)
         if decided or out_of_time:
             break
     ratios = ratios or _ratio_intervals(times, baseline, look_confidence)
-    threshold = 1.0 + min_gain
     winners = [n for n, (lo, _m, _hi) in ratios.items() if n != baseline and lo > threshold]
     note, winner = "", baseline
     if rounds < min_rounds:  # every round hit the budget: too few to trust, keep the conservative choice
@@ -336,6 +346,10 @@ def compare(
         note=note,
         times=times,
     )
+
+
+def _separated(ratios: Mapping[str, tuple[float, float, float]], baseline: str, threshold: float) -> bool:
+    return all(lo > threshold or hi < threshold for n, (lo, _m, hi) in ratios.items() if n != baseline)
 
 
 def _ratio_intervals(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
@@ -23,6 +23,8 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from lightning_speedups._compat import (
     before_batch_transfer,
+    fit_source_dataloader,
+    fit_source_instance,
     no_gradient_sync,
     refresh_scheduler_last_lr,
     set_results_batch,
@@ -37,6 +39,7 @@ from lightning_speedups.functional.batch_size import (
 
 __all__ = [
     "batch_size_holders",
+    "dataset_len",
     "fit_loader_problem",
     "is_oom",
     "log_search",
@@ -76,6 +79,23 @@ def fit_loader_problem(instance: Any) -> str | None:
                                                                                           SequentialSampler):
         return "a DataLoader with a custom sampler or batch_sampler"
     return None
+
+
+def dataset_len(trainer: L.Trainer, fit_loader: DataLoader | None, probe: bool = False) -> int | None:
+    """Training samples per device: of the loader passed to ``fit``, else the datamodule's ``train_set``, else (with
+    ``probe``) of the dataset behind the train dataloader; ``None`` when unknown (an iterable dataset)."""
+    world = max(1, trainer.world_size)
+    dataset: Any = None
+    if fit_loader is not None:
+        dataset = fit_loader.dataset
+    elif trainer.datamodule is not None and fit_source_instance(trainer) is trainer.datamodule:
+        dataset = getattr(trainer.datamodule, "train_set", None)
+    if dataset is None and probe:
+        dataset = getattr(fit_source_dataloader(trainer), "dataset", None)
+    try:
+        return None if dataset is None else len(dataset) // world
+    except TypeError:
+        return None
 
 
 def batch_size_holders(trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> list[Any]:
@@ -137,12 +157,17 @@ def run_trial(
     size: int,
     config: BatchSizeSearchConfig,
     warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+    start: float | None = None,
 ) -> BatchSizeTrial:
     """``warmup`` untimed then timed optimizer steps on ``loader`` (batches of ``size``); samples/s and peak memory.
 
     An out-of-memory error ends the trial as ``"oom"``; any other error propagates. Gradients are dropped afterwards.
-    Under DDP every rank agrees on the result (fastest rate, largest peak, any OOM), so all take the same next step.
+    Under DDP every rank agrees on the result (slowest rank's fastest rate, largest peak, any OOM, rank 0's step and
+    elapsed times for the noise rules), so all take the same next step. ``clock`` times the steps; ``start`` (a
+    ``clock`` reading) is when the trial began, loader set-up included, for ``elapsed_s``.
     """
+    start = clock() if start is None else start
     device = trainer.strategy.root_device
     rates: list[float] = []
     times: list[float] = []
@@ -152,7 +177,7 @@ def run_trial(
     try:
         # no gradient all-reduce: ranks measure independently, so an OOM on one rank cannot hang the others
         with no_gradient_sync(trainer.strategy):
-            _timed_steps(trainer, pl_module, loader, config, warmup, rates, times)
+            _timed_steps(trainer, pl_module, loader, config, warmup, rates, times, clock)
     except RuntimeError as err:
         if not is_oom(err):
             raise
@@ -163,15 +188,17 @@ def run_trial(
     peak = meter.stop()
     # the fastest timed step: interference from other processes only ever slows a step down
     rate = max(rates) if rates and not oom else 0.0
+    elapsed = clock() - start
     if trainer.world_size > 1:  # agree per trial so every rank takes the same next step
         stats = torch.tensor([-rate, float(peak), float(oom)], device=device, dtype=torch.float64)
         stats = trainer.strategy.reduce(stats, reduce_op="max")
         rate, peak, oom = -float(stats[0]), int(stats[1]), bool(stats[2] > 0)
-    return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", times)
+        times, elapsed = trainer.strategy.broadcast((times, elapsed), src=0)
+    return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", list(times), float(elapsed))
 
 
 def _timed_steps(trainer: L.Trainer, pl_module: L.LightningModule, loader: Iterable, cfg: BatchSizeSearchConfig,
-                 warmup: int, rates: list[float], times: list[float]) -> None:
+                 warmup: int, rates: list[float], times: list[float], clock: Callable[[], float]) -> None:
     """``warmup`` untimed steps, then timed ones until the step, sample or time budget of a trial is spent."""
     device = trainer.strategy.root_device
     iterator = iter(loader)
@@ -185,7 +212,7 @@ def _timed_steps(trainer: L.Trainer, pl_module: L.LightningModule, loader: Itera
                 or (cfg.trial_time is not None and spent >= cfg.trial_time)
             ):
                 break
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -195,7 +222,7 @@ def _timed_steps(trainer: L.Trainer, pl_module: L.LightningModule, loader: Itera
             _train_step(trainer, pl_module, batch, i)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             if timed:
                 times.append(dt)
                 rates.append(n / max(dt, 1e-9))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import lightning as L
@@ -27,6 +27,7 @@ from lightning_speedups._errors import SpeedupConfigError, check_choice
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._batch_size_trials import (
     batch_size_holders,
+    dataset_len,
     fit_loader_problem,
     log_search,
     rebuild_loader,
@@ -57,13 +58,17 @@ class ThroughputBatchSizeFinder(Callback):
     weights, gradients, optimizer, scheduler, metric and RNG state and module modes are put back bitwise, so training
     starts exactly as it would have. Nothing is written to disk. Unlike Lightning's ``BatchSizeFinder`` it does not
     climb until out-of-memory: doubling stops once samples/s stops improving by ``min_gain`` (``patience`` times in a
-    row).
+    row). Timing noise (other processes, loaders) cannot stop it: a stop needs paired, interleaved re-measurements of
+    both sizes that clear the noise, and the fastest sizes are re-measured interleaved before the choice; the result
+    holds that evidence (``decisions``, ``final``, ``note``).
 
     Args:
         mode: ``"throughput"`` (default), ``"max_fit"`` or ``"sweep"``; see :class:`BatchSizeSearchConfig`.
         init_val, max_val, steps_per_trial, warmup_steps, trial_samples, trial_time: see
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         min_gain, patience, early_plateau, refine_steps, memory_budget, max_trials: see
+            :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
+        confirm_rounds, confirm_top, search_time: the guard against timing noise and the time budget; see
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         scale_lr: ``"linear"`` | ``"sqrt"`` | ``None``: rescale learning rates (optimizer groups, scheduler base
             lrs, a SpeedupMixin's ``optimizer_config.lr``) from the old batch size to the chosen one.
@@ -75,6 +80,7 @@ class ThroughputBatchSizeFinder(Callback):
         verbose: log the trial table (rank 0).
         exit_after_search: end ``fit`` right after the first search, without training (what
             :func:`lightning_speedups.tuner.find_batch_size` uses; Lightning's ``Tuner`` does the same).
+        clock: seconds as a float for timing the steps (injectable, so a test can feed it noise).
 
     Example::
 
@@ -111,13 +117,20 @@ class ThroughputBatchSizeFinder(Callback):
         progress_bar: bool = True,
         verbose: bool = True,
         exit_after_search: bool = False,
+        confirm_rounds: int = 3,
+        confirm_top: int = 2,
+        search_time: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = BatchSizeSearchConfig(
             mode=mode, init_val=init_val, max_val=max_val, steps_per_trial=steps_per_trial,
             warmup_steps=warmup_steps, trial_samples=trial_samples, trial_time=trial_time, min_gain=min_gain,
             patience=patience, early_plateau=early_plateau, refine_steps=refine_steps, memory_budget=memory_budget,
-            max_trials=max_trials,
+            max_trials=max_trials, confirm_rounds=confirm_rounds, confirm_top=confirm_top, search_time=search_time,
         )
+        if not callable(clock):
+            raise SpeedupConfigError(f"`clock`={clock!r} is invalid. Allowed values: a callable returning seconds.")
+        self.clock = clock
         self.scale_lr = check_choice("scale_lr", scale_lr, LR_RULES)
         if not isinstance(keep_global_batch, (bool, int)) or (
             not isinstance(keep_global_batch, bool) and keep_global_batch < 1
@@ -149,7 +162,7 @@ class ThroughputBatchSizeFinder(Callback):
         self._restored = False
         self.exit_after_search = exit_after_search
         self._fit_loader: DataLoader | None = None
-        self._trials_run = 0
+        self._warm: set[int] = set()
 
     # ------------------------------------------------------------------ checkpoint state
     def state_dict(self) -> dict[str, Any]:
@@ -220,7 +233,7 @@ class ThroughputBatchSizeFinder(Callback):
                     "Allowed values: keep_global_batch=False. HINT: both set `accumulate_grad_batches`."
                 )
             target = self._global_target(trainer, pl_module)
-            length = self._dataset_len(trainer)
+            length = dataset_len(trainer, self._fit_loader)
             if length is not None and target > length:
                 raise SpeedupConfigError(
                     f"`keep_global_batch`={self.keep_global_batch!r} asks for {target} samples per optimizer step but "
@@ -236,20 +249,6 @@ class ThroughputBatchSizeFinder(Callback):
         if self.keep_global_batch is True:
             return self._get_size(trainer, pl_module) * max(1, trainer.accumulate_grad_batches)
         return int(self.keep_global_batch)
-
-    def _dataset_len(self, trainer: L.Trainer) -> int | None:
-        if self._fit_loader is not None:
-            dataset = self._fit_loader.dataset
-        elif trainer.datamodule is not None and fit_source_instance(trainer) is trainer.datamodule:
-            dataset = getattr(trainer.datamodule, "train_set", None)
-            if dataset is None:
-                return None
-        else:
-            return None
-        try:
-            return len(dataset) // max(1, trainer.world_size)  # type: ignore[arg-type]
-        except TypeError:
-            return None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.fast_dev_run:
@@ -273,17 +272,15 @@ class ThroughputBatchSizeFinder(Callback):
     # ------------------------------------------------------------------ the search
     def search(self, trainer: L.Trainer, pl_module: L.LightningModule) -> BatchSizeSearchResult:
         """Run the search now on the live trainer and apply its choice (also usable from your own hook)."""
-        start = time.perf_counter()
-        self._trials_run = 0
+        start = self.clock()
+        self._warm = set()
         base = self._get_size(trainer, pl_module)
         device = trainer.strategy.root_device
         meter = MemoryMeter(device, local_world_size=getattr(trainer, "num_devices", 1) if device.type == "cpu" else 1)
         allowed = None
         target = self._global_target(trainer, pl_module) if self.keep_global_batch is not False else None
         cap = self.config.max_val
-        length = self._dataset_len(trainer)
-        if length is None:
-            length = self._probe_len(trainer, pl_module)
+        length = dataset_len(trainer, self._fit_loader, probe=True)
         if length is not None:
             cap = min(cap, max(1, length))
         if target is not None:
@@ -328,7 +325,7 @@ class ThroughputBatchSizeFinder(Callback):
         result.chosen = chosen
         result.base_batch_size = base
         result.epoch = trainer.current_epoch
-        result.search_time_s = time.perf_counter() - start
+        result.search_time_s = self.clock() - start
         if target is not None:
             result.accumulate_grad_batches = max(1, target // chosen)
         self._apply(trainer, pl_module, result, fresh=True)
@@ -337,20 +334,14 @@ class ThroughputBatchSizeFinder(Callback):
         log_search(trainer, result, verbose=self.verbose)
         return result
 
-    def _probe_len(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int | None:
-        loader = fit_source_dataloader(trainer)
-        try:
-            return len(loader.dataset) // max(1, trainer.world_size)  # type: ignore[union-attr]
-        except (TypeError, AttributeError):
-            return None
-
     def _trial(self, trainer: L.Trainer, pl_module: L.LightningModule, meter: MemoryMeter, size: int) -> BatchSizeTrial:
+        start = self.clock()
         loader = self._make_loader(trainer, pl_module, size)
-        # the process is warm after the first size; only CUDA pays again per shape (cuDNN autotune, allocator)
-        first_or_cuda = self._trials_run == 0 or trainer.strategy.root_device.type == "cuda"
-        self._trials_run += 1
+        # the process is warm after the first size; only CUDA pays again per new shape (cuDNN autotune, allocator)
+        cold = not self._warm or (trainer.strategy.root_device.type == "cuda" and size not in self._warm)
+        self._warm.add(size)
         return run_trial(trainer, pl_module, meter, loader, size, self.config,
-                         warmup=self.config.warmup_steps if first_or_cuda else 0)
+                         warmup=self.config.warmup_steps if cold else 0, clock=self.clock, start=start)
 
     # ------------------------------------------------------------------ applying the choice
     def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule, result: BatchSizeSearchResult,

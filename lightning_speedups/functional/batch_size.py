@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups.functional._batch_size_policy import Search
 from lightning_speedups.functional._batch_size_state import MemoryMeter, snapshot_training_state
 
 __all__ = [
@@ -57,6 +58,16 @@ class BatchSizeSearchConfig:
         memory_budget: fraction of device memory (CUDA) or of memory available to the process (CPU) a size may
             use at its peak; sizes predicted or measured above it are not chosen.
         max_trials: hard cap on the number of sizes measured.
+        confirm_rounds: when timings are noisy (trials with step times), a stop of the ladder needs this many
+            paired, interleaved rounds of both sizes whose median-ratio interval lies below ``1 + min_gain``
+            (at most ``2 * confirm_rounds`` rounds are run; still within noise, the ladder goes on), and the final
+            choice re-measures the fastest sizes for at least this many rounds. ``1`` decides from single trials
+            (no guard against noise).
+        confirm_top: at most this many of the fastest sizes are re-measured interleaved at the end (>= 2).
+        confidence: level of the median-ratio intervals, in [0.5, 1).
+        search_time: seconds for the whole search, trials and re-measurements (``None``: no limit). When it runs
+            out the ladder stops where it is; when the final re-measurement does not fit, the finder warns that
+            timing cannot be trusted and keeps the smallest near-best size.
     """
 
     mode: str = "throughput"
@@ -72,10 +83,14 @@ class BatchSizeSearchConfig:
     refine_steps: int = 0
     memory_budget: float = 0.9
     max_trials: int = 16
+    confirm_rounds: int = 3
+    confirm_top: int = 2
+    confidence: float = 0.95
+    search_time: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
-        for name in ("init_val", "max_val", "steps_per_trial", "max_trials", "patience"):
+        for name in ("init_val", "max_val", "steps_per_trial", "max_trials", "patience", "confirm_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpeedupConfigError(f"`{name}`={value!r} is invalid. Allowed values: a positive integer.")
@@ -101,6 +116,12 @@ class BatchSizeSearchConfig:
                 "Allowed values: init_val <= max_val."
             )
         check_range("min_gain", self.min_gain, 0.0, 1.0, high_inclusive=False)
+        check_range("confidence", self.confidence, 0.5, 1.0, high_inclusive=False)
+        if not isinstance(self.confirm_top, int) or isinstance(self.confirm_top, bool) or self.confirm_top < 2:
+            raise SpeedupConfigError(f"`confirm_top`={self.confirm_top!r} is invalid. Allowed values: an integer >= 2.")
+        if self.search_time is not None:
+            check_range("search_time", self.search_time, 0.0, None, low_inclusive=False,
+                        hint="seconds for the whole search, e.g. 30.0, or None for no limit")
         check_range(
             "memory_budget", self.memory_budget, 0.0, 1.0, low_inclusive=False,
             hint="it is a fraction of device (or available system) memory, e.g. 0.9.",
@@ -109,13 +130,18 @@ class BatchSizeSearchConfig:
 
 @dataclass
 class BatchSizeTrial:
-    """One measured batch size: samples/s (of its fastest timed step), peak memory in bytes, and what happened."""
+    """One measured batch size: samples/s (of its fastest timed step), peak memory in bytes, and what happened.
+
+    ``step_times`` are the timed steps (seconds) the noise-aware rules decide on; ``elapsed_s`` is the whole trial's
+    wall time (loader, warm-up and steps), what the time budgets count.
+    """
 
     batch_size: int
     samples_per_s: float = 0.0
     peak_memory: int = 0
     status: str = "ok"  # "ok" | "oom" | "over_budget"
     step_times: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -124,7 +150,13 @@ class BatchSizeTrial:
 
 @dataclass
 class BatchSizeSearchResult:
-    """What the search chose and why: ``chosen``, the ``trials`` table, ``stop_reason`` and the time it took."""
+    """What the search chose and why: ``chosen``, the ``trials`` table, ``stop_reason`` and the time it took.
+
+    The evidence: ``decisions`` (each noisy stop-or-go verdict of the ladder: sizes, median ratio, interval, rounds),
+    ``final`` (the interleaved re-measurement of the fastest sizes: median samples/s, spread, ratios with intervals,
+    rounds, whether they separated), ``remeasured`` (those extra trials), a ``note`` and ``trusted`` (``False``
+    when too few rounds fitted, so the smaller size was kept with a warning).
+    """
 
     chosen: int
     mode: str
@@ -137,6 +169,11 @@ class BatchSizeSearchResult:
     config_lr: float | None = None
     accumulate_grad_batches: int | None = None
     epoch: int = 0
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    final: dict[str, Any] = field(default_factory=dict)
+    remeasured: list[BatchSizeTrial] = field(default_factory=list)
+    note: str = ""
+    trusted: bool = True
 
     def trial(self, batch_size: int) -> BatchSizeTrial | None:
         """The (last) trial of one batch size, if it was measured."""
@@ -150,6 +187,12 @@ class BatchSizeSearchResult:
             mark = "*" if t.batch_size == self.chosen else " "
             lines.append(f"{t.batch_size:>6}{mark} {t.samples_per_s:>11.1f} {t.peak_memory / 2**20:>9.1f}  {t.status}")
         lines.append(f"chosen {self.chosen} ({self.mode}); stopped: {self.stop_reason}; {self.search_time_s:.2f} s")
+        if self.final:
+            medians = ", ".join(f"{b}: {r:.1f}" for b, r in self.final["median_samples_per_s"].items())
+            lines.append(f"re-measured {self.final['rounds']} interleaved rounds (median samples/s {medians}; "
+                         f"{'separated' if self.final['separated'] else 'within noise'})")
+        if self.note:
+            lines.append(self.note)
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -160,6 +203,7 @@ class BatchSizeSearchResult:
     def from_dict(cls, data: dict[str, Any]) -> BatchSizeSearchResult:
         data = dict(data)
         data["trials"] = [BatchSizeTrial(**t) for t in data.get("trials", [])]
+        data["remeasured"] = [BatchSizeTrial(**t) for t in data.get("remeasured", [])]
         return cls(**data)
 
 
@@ -193,7 +237,10 @@ def search_batch_size(
 
     Pure policy: every decision depends only on the trials returned, so ranks that agree on their measurements
     agree on every step. Out-of-memory steps back (halving below the first rung if needed, then bisecting when
-    ``refine_steps`` > 0).
+    ``refine_steps`` > 0). When the trials carry step times, timing noise is guarded against (see
+    :mod:`lightning_speedups.functional._batch_size_policy`): a stop needs paired re-measurements that clear the
+    noise, and the fastest sizes are re-measured interleaved before the choice. ``measure`` is the injectable
+    timing: a test can return trials with seeded noise.
 
     Returns:
         A :class:`BatchSizeSearchResult` (``search_time_s`` is left for the caller to fill).
@@ -209,17 +256,21 @@ def search_batch_size(
         64
     """
     trials: list[BatchSizeTrial] = []
+    remeasured: list[BatchSizeTrial] = []
     measured: dict[int, BatchSizeTrial] = {}
 
-    def run(b: int) -> BatchSizeTrial:
+    def run(b: int, extra: bool = False) -> BatchSizeTrial:
         t = measure(b)
         if t.ok and memory_budget_bytes is not None and t.peak_memory > memory_budget_bytes:
             t.status = "over_budget"
-        trials.append(t)
-        measured[b] = t
+        (remeasured if extra else trials).append(t)
+        if not extra:
+            measured[b] = t
         if on_trial is not None:
             on_trial(t)
         return t
+
+    search = Search(run, config)
 
     def predicted(b: int) -> float:
         ok = sorted((t for t in trials if t.ok), key=lambda t: t.batch_size)
@@ -232,31 +283,41 @@ def search_batch_size(
         return memory_baseline + (last.peak_memory - memory_baseline) * b / last.batch_size
 
     stop, failed_at = "end of ladder", None
-    best_sps, stalls = 0.0, 0
-    previous: BatchSizeTrial | None = None
+    best, stalls = None, 0
+    previous: int | None = None
     for i, b in enumerate(ladder):
         if len(trials) >= config.max_trials:
             stop = "max_trials"
             break
+        if trials and search.time_left() <= 0:
+            stop = "search_time"
+            break
         if memory_budget_bytes is not None and trials and predicted(b) > memory_budget_bytes:
             stop, failed_at = "memory budget (predicted)", b
             break
-        t = run(b)
+        t = search.run(b)
         if not t.ok:
             stop, failed_at = ("out of memory" if t.status == "oom" else "memory budget"), b
             break
         if config.mode == "throughput":
-            prev_best = best_sps
-            stalls = 0 if t.samples_per_s > best_sps * (1.0 + config.min_gain) else stalls + 1
-            best_sps = max(best_sps, t.samples_per_s)
-            from_best = previous is not None and previous.ok and previous.samples_per_s == prev_best
-            if stalls and config.early_plateau and from_best and t.samples_per_s >= prev_best:
-                stop = "plateau (gain < min_gain)"
-                break
-            if stalls >= config.patience:
-                stop = "plateau"
-                break
-            previous = t
+            if best is None:
+                best = b
+            else:
+                verdict = search.judge(best, b)
+                from_best = previous == best
+                if verdict == "gain":
+                    best, stalls = b, 0
+                else:
+                    best = b if search.rate(b) > search.rate(best) else best
+                if verdict in ("small", "dip"):  # "unclear" (within noise) is never a stall
+                    stalls += 1
+                    if verdict == "small" and config.early_plateau and from_best:
+                        stop = "plateau (gain < min_gain)"
+                        break
+                    if stalls >= config.patience:
+                        stop = "plateau"
+                        break
+            previous = b
         if i == len(ladder) - 1:
             stop = "max_val" if b == config.max_val else f"cap {b} (dataset size / global batch)"
 
@@ -266,22 +327,18 @@ def search_batch_size(
         if b <= 1:
             raise RuntimeError("Batch-size search: even batch size 1 runs out of memory (or exceeds the budget).")
         failed_at, b = b, max(1, b // 2)
-        run(b)
+        search.run(b)
 
-    ok = lambda: sorted((t for t in trials if t.ok), key=lambda t: t.batch_size)  # noqa: E731
+    def good() -> list[int]:
+        return sorted(t.batch_size for t in trials if t.ok)
 
-    def choose() -> int:
-        good = ok()
-        if config.mode == "max_fit":
-            return good[-1].batch_size
-        top = max(t.samples_per_s for t in good)
-        # a larger batch that is not meaningfully faster only costs optimisation quality
-        return min(t.batch_size for t in good if t.samples_per_s >= (1.0 - config.min_gain) * top)
+    def point() -> int:
+        return good()[-1] if config.mode == "max_fit" else search.point_choice(good())
 
     for _ in range(config.refine_steps):
-        if len(trials) >= config.max_trials:
+        if len(trials) >= config.max_trials or search.time_left() <= 0:
             break
-        chosen = choose()
+        chosen = point()
         if config.mode == "max_fit":
             if failed_at is None:
                 break
@@ -291,19 +348,22 @@ def search_batch_size(
             idx = sizes.index(chosen)
             lo = measured[sizes[idx - 1]] if idx > 0 else None
             hi = measured[sizes[idx + 1]] if idx + 1 < len(sizes) else None
-            side = max((n for n in (lo, hi) if n is not None and n.ok), key=lambda n: n.samples_per_s, default=None)
+            side = max((n for n in (lo, hi) if n is not None and n.ok), key=lambda n: search.rate(n.batch_size),
+                       default=None)
             if side is None:
                 break
             mid = _round((chosen + side.batch_size) // 2)
         if mid in measured or (allowed is not None and not allowed(mid)) or mid <= 0:
             break
-        t = run(mid)
+        t = search.run(mid)
         if not t.ok:
             failed_at = mid
         elif config.mode == "max_fit" and failed_at is not None and failed_at - mid <= max(1, mid // 16):
             break
-    return BatchSizeSearchResult(chosen=choose(), mode=config.mode, trials=trials, stop_reason=stop,
-                                 memory_budget_bytes=memory_budget_bytes)
+    chosen = good()[-1] if config.mode == "max_fit" else search.choose(good())
+    return BatchSizeSearchResult(chosen=chosen, mode=config.mode, trials=trials, stop_reason=stop,
+                                 memory_budget_bytes=memory_budget_bytes, decisions=search.decisions,
+                                 final=search.final, remeasured=remeasured, note=search.note, trusted=search.trusted)
 
 
 def scale_lr_factor(batch_size: int, base_batch_size: int, rule: str | None) -> float:

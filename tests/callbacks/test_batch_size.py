@@ -77,6 +77,10 @@ def test_batch_size_misconfiguration():
         ThroughputBatchSizeFinder(rerun_at_epochs=[-1])
     with pytest.raises(SpeedupConfigError, match="`exit_after_search`='yes' is invalid. Allowed values: True or False"):
         ThroughputBatchSizeFinder(exit_after_search="yes")
+    with pytest.raises(SpeedupConfigError, match="`search_time`=0 is out of range"):
+        ThroughputBatchSizeFinder(search_time=0)
+    with pytest.raises(SpeedupConfigError, match="`clock`=3 is invalid. Allowed values: a callable returning seconds"):
+        ThroughputBatchSizeFinder(clock=3)
 
     def fit(cb: Callback, dm: Any = None, loader: Any = None, **kw: Any) -> None:
         trainer = quiet_trainer(max_steps=1, callbacks=[cb] + kw.pop("extra", []), **kw)
@@ -153,8 +157,10 @@ def test_batch_size_trials_are_budgeted_and_warm_up_once():
             return super().training_step(batch, batch_idx)
 
     model = Steps()
+    # confirm_rounds=1: single trials, so the steps below are all there is (no re-measurement under noise)
     result = find_batch_size(quiet_trainer(max_epochs=1), model, Digits(), mode="sweep", init_val=16, max_val=128,
-                             steps_per_trial=3, warmup_steps=1, trial_samples=64, trial_time=None, verbose=False)
+                             steps_per_trial=3, warmup_steps=1, trial_samples=64, trial_time=None, verbose=False,
+                             confirm_rounds=1)
     # 16: one warm-up + 3 timed (48 samples < 64); 32: 2 timed (64 samples); 64 and 128: one step each; no warm-up
     # after the first size on CPU
     assert model.sizes == [16] * 4 + [32] * 2 + [64, 128]
@@ -177,6 +183,21 @@ def test_batch_size_restores_when_step_raises():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(torch.get_rng_state(), rng)
     assert dm.batch_size == 8 and os.listdir(".") == []
+
+
+def test_batch_size_injectable_clock():
+    ticks = [0.0]
+
+    def clock() -> float:  # every reading 0.5 s later: each step "takes" 0.5 s whatever its size
+        ticks[0] += 0.5
+        return ticks[0]
+
+    cb = finder(init_val=16, max_val=64, steps_per_trial=2, clock=clock)
+    quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(DemoClassifier(width=8), datamodule=Digits())
+    # equal step times: the largest size trains the most samples/s, by a margin no noise rule needs to re-check
+    assert [t.batch_size for t in cb.result.trials] == [16, 32, 64] and cb.result.chosen == 64
+    assert all(t.step_times == [0.5] * len(t.step_times) and t.elapsed_s > 0.5 for t in cb.result.trials)
+    assert not cb.result.remeasured and cb.result.search_time_s == pytest.approx(ticks[0] - 0.5)
 
 
 def test_batch_size_simulated_oom_steps_back():

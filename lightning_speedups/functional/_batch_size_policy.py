@@ -1,0 +1,223 @@
+"""The batch-size search under timing noise: paired re-measurements before a stop, an interleaved final choice.
+
+Timing on a shared machine is noisy: other processes, data loaders and thermal limits slow some steps down, and a
+search that stops on one unlucky trial picks a size far below the best (seen: 0.58x under a CPU-bound neighbour).
+So a stop of the doubling ladder (a plateau or a dip) is a claim that the larger size does not gain ``min_gain``;
+under noise it is only made once paired, interleaved re-measurements of both sizes put the whole confidence
+interval of the median ratio below ``1 + min_gain`` (at ``confirm_rounds`` rounds that is a sign test: every round
+agrees). A verdict still within noise after ``2 * confirm_rounds`` rounds is no stop: the ladder goes on. The final
+choice re-measures the fastest sizes interleaved and keeps the smaller size unless a larger one is clearly faster.
+Both go through :func:`lightning_speedups.measure.compare` (shuffled rounds until the intervals separate).
+
+Every decision depends only on the trials returned (their step times and elapsed times), so DDP ranks that agree on
+their trials take the same steps. Without step times (a hand-made ``measure``) the single-trial rules apply.
+Used by :func:`lightning_speedups.functional.batch_size.search_batch_size`; the records live there.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from lightning_speedups.measure import Comparison, compare
+
+__all__ = ["Search", "per_sample_time", "trial_cost"]
+
+
+def per_sample_time(trial: Any) -> float:
+    """Seconds per sample of one trial: the median timed step / the batch size (``1 / samples_per_s`` without steps).
+
+    The median, not the fastest step: sizes get different numbers of steps (large ones often one), and the fastest of
+    three steps is faster than one step by noise alone, which biased the old rule toward small sizes.
+    """
+    if not trial.ok:
+        return math.inf
+    if trial.step_times:
+        return float(statistics.median(trial.step_times)) / trial.batch_size
+    return 1.0 / trial.samples_per_s if trial.samples_per_s > 0 else math.inf
+
+
+def trial_cost(trial: Any) -> float:
+    """Wall seconds a trial took (its ``elapsed_s``, else the sum of its steps): what ``search_time`` counts."""
+    return float(trial.elapsed_s or sum(trial.step_times))
+
+
+class Search:
+    """The state of one search: trials per size, the time spent, the climb's verdicts and the final comparison.
+
+    ``run(b, extra)`` measures size ``b`` (``extra``: a re-measurement, kept out of the first-pass table).
+    """
+
+    def __init__(self, run: Callable[[int, bool], Any], config: Any) -> None:
+        self._run, self.cfg = run, config
+        self.by_size: dict[int, list[Any]] = {}
+        self.spent_s = 0.0
+        self.decisions: list[dict[str, Any]] = []
+        self.rounds: dict[tuple[int, ...], dict[str, list[float]]] = {}
+        self.final: dict[str, Any] = {}
+        self.note = ""
+        self.trusted = True
+
+    # ------------------------------------------------------------------ measuring
+    def run(self, b: int, extra: bool = False) -> Any:
+        t = self._run(b, extra)
+        self.by_size.setdefault(b, []).append(t)
+        self.spent_s += trial_cost(t)
+        return t
+
+    def time_left(self) -> float:
+        """Seconds left of ``search_time`` (``inf`` without one)."""
+        return math.inf if self.cfg.search_time is None else self.cfg.search_time - self.spent_s
+
+    @property
+    def guarded(self) -> bool:
+        """Whether to guard against noise: the trials carry step times (a real measurement) and re-measuring is on."""
+        return self.cfg.confirm_rounds > 1 and any(t.step_times for ts in self.by_size.values() for t in ts)
+
+    def rate(self, b: int) -> float:
+        """Samples/s of size ``b``: the median over its trials (the last trial's ``samples_per_s`` without noise)."""
+        ok = [t for t in self.by_size.get(b, []) if t.ok]
+        if not ok:
+            return 0.0
+        if not self.guarded:
+            return ok[-1].samples_per_s
+        return 1.0 / max(statistics.median(per_sample_time(t) for t in ok), 1e-12)
+
+    def step_noise(self) -> float | None:
+        """Pooled standard deviation of log step times within trials (the measured per-step noise); ``None`` with
+        fewer than 4 degrees of freedom."""
+        squares, dof = 0.0, 0
+        for ts in self.by_size.values():
+            for t in ts:
+                logs = [math.log(x) for x in t.step_times if x > 0]
+                if len(logs) > 1:
+                    mean = sum(logs) / len(logs)
+                    squares += sum((x - mean) ** 2 for x in logs)
+                    dof += len(logs) - 1
+        return math.sqrt(squares / dof) if dof >= 4 else None
+
+    def best_rate(self, b: int) -> float:
+        """Samples/s of size ``b``'s fastest trial: an optimistic estimate, to pick which sizes deserve a re-check."""
+        return max((1.0 / max(per_sample_time(t), 1e-12) for t in self.by_size.get(b, []) if t.ok), default=0.0)
+
+    def _compare(self, sizes: list[int], max_rounds: int) -> Comparison | None:
+        """Interleaved rounds of ``sizes`` through :func:`~lightning_speedups.measure.compare` (baseline: the
+        smallest), continuing rounds already measured for the same sizes; ``None`` when ``search_time`` has no room
+        for one more round."""
+        key = tuple(sizes)
+        initial = self.rounds.get(key)
+        if initial is None and len(sizes) == 2:  # the first-pass trials of the two sizes, run one after the other
+            initial = {str(sizes[0]): [per_sample_time(self.by_size[sizes[0]][-1])],
+                       str(sizes[1]): [per_sample_time(self.by_size[sizes[1]][-1])]}
+        done = len(next(iter(initial.values()))) if initial else 0
+        round_cost = sum(trial_cost(self.by_size[b][-1]) for b in sizes)
+        if self.time_left() < round_cost:
+            return None
+        start = self.spent_s
+
+        def trial(b: int) -> Callable[[], float]:
+            return lambda: per_sample_time(self.run(b, True))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # too few rounds is reported by the finder, in its own words
+            cmp = compare(
+                {str(b): trial(b) for b in sizes}, str(sizes[0]), min_gain=self.cfg.min_gain,
+                budget_s=min(self.time_left(), 1e12), min_rounds=self.cfg.confirm_rounds,
+                max_rounds=max(done + 1, max_rounds), warmup=0,
+                confidence=self.cfg.confidence, prefer=[str(b) for b in sizes], clock=lambda: self.spent_s - start,
+                returns_time=True, seed=sizes[0], initial=initial,
+            )
+        self.rounds[key] = dict(cmp.times)
+        return cmp
+
+    # ------------------------------------------------------------------ the climb
+    def judge(self, a: int, b: int) -> str:
+        """Verdict on the doubling ``a`` (best so far) -> ``b`` (just measured): ``"gain"``, ``"small"`` (gains less
+        than ``min_gain``), ``"dip"`` (slower) or ``"unclear"`` (within noise of ``1 + min_gain``: never a stop)."""
+        threshold = 1.0 + self.cfg.min_gain
+        first = per_sample_time(self.by_size[a][-1]) / max(per_sample_time(self.by_size[b][-1]), 1e-12)
+        if first > threshold or not self.guarded:
+            # a gain only continues the climb (the final choice re-checks it); without noise, the single-trial rules
+            return "gain" if first > threshold else ("small" if first >= 1.0 else "dip")
+        noise = self.step_noise()
+        # quiet machine: a single pair already clears the measured per-step noise by a wide margin (4 sigma of a ratio)
+        if noise is not None and abs(math.log(first / threshold)) > 4.0 * math.sqrt(2.0) * noise:
+            verdict = "small" if first >= 1.0 else "dip"
+            self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(first, 4),
+                                   "step_noise": round(noise, 4), "rounds": 1})
+            return verdict
+        cmp = self._compare([a, b], self.cfg.confirm_rounds)
+        lo, mid, hi = cmp.ratios[str(b)] if cmp is not None else (-math.inf, first, math.inf)
+        rounds = cmp.trials if cmp is not None else 1
+        verdict = "unclear"
+        if rounds >= self.cfg.confirm_rounds and hi < threshold:
+            verdict = "small" if mid >= 1.0 else "dip"
+        elif mid > threshold:
+            verdict = "gain"
+        self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(mid, 4),
+                               "interval": [round(lo, 4), round(hi, 4)], "rounds": rounds})
+        return verdict
+
+    # ------------------------------------------------------------------ the final choice
+    def point_choice(self, good: list[int]) -> int:
+        """The smallest size within ``min_gain`` of the fastest (pooled estimates)."""
+        top = max(self.rate(b) for b in good)
+        return min(b for b in good if self.rate(b) >= (1.0 - self.cfg.min_gain) * top)
+
+    def choose(self, good: list[int]) -> int:
+        """The final size among the measured ``good`` ones (ascending), re-measured interleaved when noisy.
+
+        The candidates are the sizes whose fastest trial is within ``2 * min_gain`` of the fastest (at most
+        ``confirm_top``, fastest first); they run in shuffled rounds until the intervals separate. A larger size wins
+        only when it is clearly more than ``min_gain`` faster than the smallest candidate; when they stay within noise,
+        the smallest within ``min_gain`` of the fastest median is kept.
+        """
+        point = self.point_choice(good)
+        if not self.guarded or len(good) < 2:
+            return point
+        top = max(self.best_rate(b) for b in good)
+        near = sorted(good, key=self.best_rate, reverse=True)[: self.cfg.confirm_top]
+        sizes = sorted(b for b in near if self.best_rate(b) >= (1.0 - 2 * self.cfg.min_gain) * top)
+        if len(sizes) < 2:
+            return sizes[0]
+        cmp = self._compare(sizes, 2 * self.cfg.confirm_rounds)
+        if cmp is None or cmp.trials < self.cfg.confirm_rounds:
+            got = 1 if cmp is None and len(sizes) == 2 else 0 if cmp is None else cmp.trials
+            return self._untrusted(sizes[0], sizes, f"only {got} of {self.cfg.confirm_rounds} interleaved rounds "
+                                   f"fit in `search_time`={self.cfg.search_time}", cmp)
+        if cmp.separated:
+            chosen = int(cmp.winner)
+            self.note = cmp.note or f"re-measured {sizes} interleaved: {chosen} separated from the rest"
+        else:
+            rates = {int(n): 1.0 / max(m, 1e-12) for n, m in cmp.medians.items()}
+            fastest = max(rates.values())
+            chosen = min(b for b, r in rates.items() if r >= (1.0 - self.cfg.min_gain) * fastest)
+            self.note = (f"{', '.join(map(str, sizes))} within noise of each other after {cmp.trials} interleaved "
+                         f"rounds; chose {chosen}, the smallest within `min_gain` of the fastest median")
+        self._record(cmp, sizes)
+        return chosen
+
+    def _record(self, cmp: Comparison, sizes: list[int]) -> None:
+        self.final = {
+            "sizes": sizes,
+            "baseline": sizes[0],
+            "rounds": cmp.trials,
+            "separated": cmp.separated,
+            "median_samples_per_s": {int(n): round(1.0 / max(m, 1e-12), 2) for n, m in cmp.medians.items()},
+            "spread_samples_per_s": {int(n): [round(1.0 / max(hi, 1e-12), 2), round(1.0 / max(lo, 1e-12), 2)]
+                                     for n, (lo, hi) in cmp.spread.items()},
+            "ratio_vs_baseline": {int(n): [round(x, 4) for x in r] for n, r in cmp.ratios.items()},
+            "note": cmp.note,
+        }
+
+    def _untrusted(self, chosen: int, sizes: list[int], why: str, cmp: Comparison | None = None) -> int:
+        self.trusted = False
+        self.note = (f"timing cannot be trusted ({why}); kept the smallest near-best size {chosen} of {sizes}. "
+                     "HINT: raise `search_time` (or set None), or search on a quieter machine.")
+        if cmp is not None:
+            self._record(cmp, sizes)
+        warnings.warn(f"Batch-size search: {self.note}", stacklevel=3)
+        return chosen
