@@ -9,8 +9,12 @@ from lightning_speedups.callbacks.advisor import SpeedAdvisor
 from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
 from lightning_speedups.callbacks.channels_last import ChannelsLast
 from lightning_speedups.callbacks.compile import TorchCompile
+from lightning_speedups.callbacks.ema import EMA
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.finetuning import FineTuneConfig, FineTuneFreezing
+from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
 from lightning_speedups.callbacks.lr_finder import LRFinder
+from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizing
 from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
@@ -23,6 +27,8 @@ from lightning_speedups.functional.advisor import AdvisorReport, Finding, diagno
 from lightning_speedups.functional.batch_size import BatchSizeSearchResult
 from lightning_speedups.functional.channels_last import apply_channels_last
 from lightning_speedups.functional.compile import compile_model, uncompile_model
+from lightning_speedups.functional.ema import create_ema_model
+from lightning_speedups.functional.fast_schedule import create_fast_schedule
 from lightning_speedups.functional.finetuning import (
     find_head,
     freeze,
@@ -31,6 +37,8 @@ from lightning_speedups.functional.finetuning import (
     replace_head,
     unfreeze,
 )
+from lightning_speedups.functional.label_smoothing import apply_label_smoothing, smooth_labels
+from lightning_speedups.functional.progressive_resizing import progressive_scale, resize_batch
 from lightning_speedups.functional.pruning import (
     load_pruned,
     prune_structured,
@@ -99,6 +107,10 @@ __all__ = [
     "SpeedFlags",
     "ThroughputBatchSizeFinder",
     "TorchCompile",
+    "EMA",
+    "FastSchedule",
+    "LabelSmoothing",
+    "ProgressiveResizing",
     # data on the device
     "BatchAugment",
     "DeviceDataLoader",
@@ -109,6 +121,12 @@ __all__ = [
     "BatchSizeSearchResult",
     "Finding",
     "apply_channels_last",
+    "apply_label_smoothing",
+    "create_ema_model",
+    "create_fast_schedule",
+    "progressive_scale",
+    "resize_batch",
+    "smooth_labels",
     "compile_model",
     "diagnose",
     "find_head",

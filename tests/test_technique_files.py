@@ -26,10 +26,6 @@ _MISSION_TIP_PENDING = {
     "trainer_settings": "lightning_speedups/settings.py",
     "batch_size_finder": "lightning_speedups/callbacks/batch_size.py",
     "recipes": "lightning_speedups/recipes.py",
-    "fast_schedule": "lightning_speedups/callbacks/fast_schedule.py",
-    "label_smoothing": "lightning_speedups/callbacks/label_smoothing.py",
-    "ema": "lightning_speedups/callbacks/ema.py",
-    "progressive_resizing": "lightning_speedups/callbacks/progressive_resizing.py",
 }
 
 

@@ -198,7 +198,7 @@ register_technique(
         callback=ProgressiveResizing,
         functional=resize_batch,
         summary="progressive resizing: low-resolution training batches early, full resolution at the end",
-        mission_tip="3/6: cheaper steps early in training",
+        mission_tip="3, 6",
         bench="lightning_speedups.benchmarks.time_to_accuracy:run_progressive_resizing",
         example_kwargs={"initial_scale": 0.5},
     )
