@@ -21,7 +21,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._measure_ratio import describe_ratio
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 from lightning_speedups.data import BatchAugment, DeviceDataLoader
@@ -184,16 +185,24 @@ def device_datamodule(
 
 
 def measure_cpu_layout_and_precision(
-    model: nn.Module, example: torch.Tensor, batch_size: int = 64, repeats: int = 3, margin: float = 1.1
+    model: nn.Module, example: torch.Tensor, batch_size: int = 64, repeats: int = 3, margin: float = 1.1,
+    budget_s: float = 3.0, clock: Any = None,
 ) -> tuple[bool, str, dict[str, float]]:
     """Time a training step of copies of ``model`` on this CPU in fp32 / channels_last / bf16 / both; pick the best.
 
-    Returns ``(channels_last, precision, {candidate: times faster than fp32 NCHW})``. A candidate must beat fp32 by
-    ``margin`` to be chosen (a margin above timing noise). About a second or two for a small CNN; the user's model is
-    not touched. On a Xeon with AMX, bf16 + channels_last measured 2-3x faster for the demo CNN; on CPUs without
-    bf16 units bf16 is ~10x slower, and channels_last helps some CPUs and not others: hence measure, not assume.
+    Returns ``(channels_last, precision, {candidate: times faster than fp32 NCHW})``. The candidates run interleaved
+    through :func:`lightning_speedups.measure.compare` (at least ``repeats`` shuffled rounds, more until every
+    interval clears or misses ``margin``, at most ``budget_s`` seconds; ``clock`` is injectable). A candidate is chosen
+    only when it is clearly ``margin`` faster than fp32 NCHW; within noise the conservative fp32 / NCHW stays. The
+    ratios are :class:`~lightning_speedups._measure_ratio.MeasuredRatio` values (conservative, with their median,
+    interval and rounds). About a second or two for a small CNN; the user's model is not touched. On a Xeon with AMX,
+    bf16 + channels_last measured 2-3x faster for the demo CNN; on CPUs without bf16 units bf16 is ~10x slower, and
+    channels_last helps some CPUs and not others: hence measure, not assume.
     """
-    from lightning_speedups.measure import interleaved_timings, make_train_step, median, model_copy
+    import time
+
+    from lightning_speedups._measure_ratio import MeasuredRatio, conservative_ratio
+    from lightning_speedups.measure import compare, make_train_step, model_copy
 
     x = example.expand(batch_size, *example.shape[1:]).contiguous()
     y = torch.zeros(batch_size, dtype=torch.long)
@@ -207,12 +216,12 @@ def measure_cpu_layout_and_precision(
             m = m.to(memory_format=torch.channels_last)
         name = ("channels_last" if cl else "nchw") + ("+bf16" if bf16 else "+fp32")
         candidates[name] = make_train_step(m, xi, y, autocast_dtype=torch.bfloat16 if bf16 else None)
-    times = interleaved_timings(candidates, repeats=repeats, warmup=1)
-    base = median(times["nchw+fp32"])
-    ratios = {k: base / median(v) for k, v in times.items()}
-    best = max(ratios, key=lambda k: ratios[k])
-    if ratios[best] < margin:
-        best = "nchw+fp32"
+    conservative_first = ["nchw+fp32", "channels_last+fp32", "nchw+bf16", "channels_last+bf16"]
+    cmp = compare(candidates, "nchw+fp32", min_gain=margin - 1.0, budget_s=budget_s, min_rounds=max(2, repeats),
+                  prefer=conservative_first, clock=clock or time.perf_counter)
+    ratios: dict[str, float] = {"nchw+fp32": MeasuredRatio(1.0)}
+    ratios.update({k: MeasuredRatio(conservative_ratio(cmp, k), cmp, k) for k in cmp.ratios})
+    best = cmp.winner
     return best.startswith("channels_last"), "bf16-mixed" if best.endswith("bf16") else "32-true", ratios
 
 
@@ -227,13 +236,16 @@ def _common(
     extra: list[L.Callback],
     trainer_overrides: dict[str, Any],
 ) -> Recipe:
+    check_choice("channels_last", channels_last, (True, False, "auto"))
+    check_choice("compile", compile, (True, False))
     callbacks: list[L.Callback] = [SpeedFlags(verbose=False), *extra]
     notes: list[str] = []
     example = getattr(model, "example_input_array", None)
     cpu_run = not torch.cuda.is_available() or trainer_overrides.get("accelerator") == "cpu"
     if cpu_run and model is not None and isinstance(example, torch.Tensor) and "auto" in (channels_last, precision):
         measured_cl, measured_precision, ratios = measure_cpu_layout_and_precision(model, example)
-        notes.append("measured on this CPU: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+        notes.append("measured on this CPU (vs nchw+fp32, the conservative end of each interval): " + "; ".join(
+            f"{k} {v:.2f}x" + (f" ({describe_ratio(v)})" if describe_ratio(v) else "") for k, v in ratios.items()))
         channels_last = measured_cl if channels_last == "auto" else channels_last
         precision = measured_precision if precision == "auto" else precision
     if channels_last == "auto":  # on GPUs NHWC feeds the tensor cores of convolutions

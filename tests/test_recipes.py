@@ -93,3 +93,12 @@ def test_time_to_target_recorder_stops_at_target():
     rec.on_fit_start(None, None)
     rec.on_validation_epoch_end(T, None)
     assert T.should_stop and rec.reached_at is not None and rec.curve[0][1] == pytest.approx(0.97)
+
+
+def test_recipe_rejects_bad_switches():
+    from lightning_speedups import SpeedupConfigError, fast_train
+
+    with pytest.raises(SpeedupConfigError, match="`channels_last`='maybe' is not supported. Allowed values: True"):
+        fast_train(channels_last="maybe")
+    with pytest.raises(SpeedupConfigError, match="`compile`='yes' is not supported"):
+        fast_train(compile="yes")

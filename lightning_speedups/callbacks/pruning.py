@@ -190,6 +190,14 @@ class Pruning(L.Callback):
             return
         from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
+        from lightning_speedups.callbacks.compile import TorchCompile
+
+        if any(isinstance(cb, TorchCompile) for cb in trainer.callbacks):
+            raise SpeedupConfigError(
+                "`Pruning(mode='structured')` with `TorchCompile` is refused: structural pruning changes parameter "
+                "shapes mid-run, which forces a full recompile after every pruning step. Allowed values: one of the "
+                "two per run. HINT: prune in one run, then compile the pruned model in the next (load_checkpoint)."
+            )
         if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
             raise SpeedupConfigError(
                 f"`strategy`={type(trainer.strategy).__name__} is not supported by structured pruning. Allowed "

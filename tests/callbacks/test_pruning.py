@@ -196,3 +196,13 @@ def test_pruning_example_input_from_first_batch():
     trainer.fit(model, _loader(8))
     assert cb.steps_done == 1 and model.backbone[0][0].out_channels == 4
     assert cb._batch_inputs.shape == (2, 3, 32, 32)  # two samples of the first batch
+
+
+def test_pruning_structured_with_compile_refused_at_setup():
+    from lightning_speedups import TorchCompile
+
+    model = DemoClassifier(width=8)
+    trainer = quiet_trainer(max_steps=1, callbacks=[Pruning(), TorchCompile(backend="eager")], limit_val_batches=0)
+    with pytest.raises(SpeedupConfigError, match="with `TorchCompile` is refused"):
+        trainer.fit(model, _loader(4))
+    assert model.backbone[0][0].out_channels == 8 and trainer.global_step == 0
