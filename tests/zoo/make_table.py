@@ -5,6 +5,7 @@ Usage::
     python tests/zoo/make_table.py                       # runs the zoo (pytest tests/zoo), then prints the table
     python tests/zoo/make_table.py -- -m "not slow"      # extra pytest arguments after --
     python tests/zoo/make_table.py --json results.json   # render a results file instead of running
+    python tests/zoo/make_table.py --footnotes            # refusal reasons as numbered notes under the table
     LS_ZOO_RESULTS=results.json pytest tests/zoo -q -p no:cacheprovider   # how such a file is written
 
 Each cell reads ``works`` (trained 2 epochs, reloaded with ``load_checkpoint`` to the same outputs, resumed to the same
@@ -50,8 +51,8 @@ def _reason(outcome: str, width: int = 48) -> str:
     return first.replace("|", "\\|")
 
 
-def cell_text(entry: dict[str, Any] | None) -> str:
-    """The table text of one cell from its results entry."""
+def cell_text(entry: dict[str, Any] | None, width: int = 48) -> str:
+    """The table text of one cell from its results entry (refusal reasons cut to ``width`` characters)."""
     if entry is None or "fit" not in entry.get("checks", {}):
         tests = (entry or {}).get("tests", {})
         skipped = [t["message"] for t in tests.values() if t["outcome"] == "skipped"]
@@ -61,11 +62,11 @@ def cell_text(entry: dict[str, Any] | None) -> str:
     outcome = entry.get("outcome", "")
     wording = checks.get("fit", "").startswith("fail: message does not name the module (") and ";" not in checks["fit"]
     if failed == ["fit"] and wording and outcome.startswith("refused"):  # right refusal, message to complete
-        return f"refused: {_reason(outcome)} (message lacks the module name)"
+        return f"refused: {_reason(outcome, width)} (message lacks the module name)"
     if failed:
         return f"fails ({', '.join(failed)})"
     if outcome.startswith("refused"):
-        return f"refused: {_reason(outcome)}"
+        return f"refused: {_reason(outcome, width)}"
     if outcome == "works (none)":  # quantize_for_inference: no int8 path was faster here, the float copy came back
         return "works (float kept)"
     if outcome.startswith("works ("):  # the functional column says which int8 path won
@@ -74,7 +75,34 @@ def cell_text(entry: dict[str, Any] | None) -> str:
     return "works" if not unchecked else f"works ({', '.join(unchecked)} not checked)"
 
 
-def render(results: dict[str, Any]) -> str:
+class _Notes:
+    """Footnote numbers for long refusal reasons (``--footnotes``): each distinct reason is written once."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.reasons = enabled, {}  # type: ignore[var-annotated]
+
+    def __call__(self, text: str) -> str:
+        m = re.match(r"^refused: (.*?)( \(message lacks the module name\))?$", text)
+        if not self.enabled or m is None:
+            return text
+        n = self.reasons.setdefault(m.group(1), len(self.reasons) + 1)
+        return f"refused [{n}]" + ("*" if m.group(2) else "")
+
+    def lines(self) -> list[str]:
+        if not self.reasons:
+            return []
+        out = ["", "Refusal reasons (`*`: the message does not name the module yet):", ""]
+        return out + [f"[{n}] {reason}  " for reason, n in self.reasons.items()]
+
+
+LEGEND = ("`works`: trained 2 epochs, reloaded to the same outputs, resumed to the same weights; `refused`: refused "
+          "at setup with the reason, before any step, model unchanged; `fails (...)`: does not conform yet (the "
+          "checks that fail); `-`: not run on this row.")  # fmt: skip
+
+
+def render(results: dict[str, Any], footnotes: bool = False) -> str:
+    note = _Notes(footnotes)
+    width = 160 if footnotes else 48
     cells: dict[str, Any] = results["cells"]
     archs = dict(results["archs"])  # [[name, source], ...] in the zoo's order
     notes = dict(results.get("techs") or [])  # [[name, what the column runs], ...]
@@ -83,7 +111,7 @@ def render(results: dict[str, Any]) -> str:
     lines = ["| architecture | " + " | ".join(f"`{t}`" for t in techs) + " |",
              "|---|" + "---|" * len(techs)]  # fmt: skip
     for arch, source in archs.items():
-        row = [cell_text(by_key.get((arch, t))) for t in techs]
+        row = [note(cell_text(by_key.get((arch, t)), width)) for t in techs]
         lines.append(f"| `{arch}`: {source} | " + " | ".join(row) + " |")
     legend = [f"- `{t}`: {notes[t]}" for t in techs if notes.get(t)]
     lines += [""] + legend if legend else []
@@ -93,9 +121,9 @@ def render(results: dict[str, Any]) -> str:
         header = "| architecture | " + " | ".join(f"`{c}`" for c, _ in combos) + " |"
         lines += ["", "Techniques combined in one fit:", "", header, "|---|" + "---|" * len(combos)]
         for arch in rows:
-            row = [cell_text(by_key.get((arch, c))) if arch in c_archs else "-" for c, c_archs in combos]
+            row = [note(cell_text(by_key.get((arch, c)), width)) if arch in c_archs else "-" for c, c_archs in combos]
             lines.append(f"| `{arch}` | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    return "\n".join([LEGEND, "", *lines, *note.lines()])
 
 
 def failures(results: dict[str, Any]) -> str:
@@ -114,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="render this results file instead of running the zoo")
     parser.add_argument("--failures", action="store_true", help="also list every failing check with its error")
+    parser.add_argument("--footnotes", action="store_true", help="numbered refusal reasons under the table")
     args = parser.parse_args(argv)
     results = json.loads(args.json.read_text()) if args.json else run_zoo(pytest_args)
-    print(render(results))
+    print(render(results, footnotes=args.footnotes))
     if args.failures:
         print("\n" + failures(results))
 
