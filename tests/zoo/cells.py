@@ -190,7 +190,7 @@ def fit_cell(cell: Cell, root: Path) -> FitRecord:
     effect = EFFECTS.get(cell.tech)
     no_effect = effect(model, callbacks, dense) if effect is not None and rec.problem is None else None
     if no_effect:
-        rec.problem = f"trained, but the technique did nothing: {no_effect}"
+        rec.problem = f"trained, but the technique's effect is missing: {no_effect}"
     rec.final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rec.outputs = _outputs(model)
     return rec

@@ -1,13 +1,13 @@
 """Architecture x technique conformance: every registered technique on every zoo architecture.
 
-Per cell (``<arch>-<technique>``, see ``tests/zoo/cells.py`` for the table of expected outcomes):
+Per cell (``<arch>-<technique>``; the table of expected outcomes is ``EXPECTED`` in ``tests/zoo/techniques.py``):
 
 - ``test_zoo``: 2 epochs on CPU with a checkpoint every epoch, or the expected refusal at ``setup()``;
 - ``test_zoo_resume``: a fresh model resumed from the epoch-1 checkpoint ends with the uninterrupted run's weights;
 - ``test_zoo_reload``: ``lightning_speedups.load_checkpoint`` of the final checkpoint gives the trained outputs.
 
 The three share one uninterrupted fit (the zoo conftest runs them back to back). Run them with
-``pytest tests/zoo -q -p no:cacheprovider``; ``-m "zoo and not slow"`` leaves out the torch.compile cells.
+``pytest tests/zoo -q -p no:cacheprovider``; ``-m "not slow"`` leaves out the torch.compile cells.
 """
 
 from __future__ import annotations
