@@ -6,11 +6,7 @@ import pytest
 
 # doctests whose fix waits on the file's owner. Strict: once the example is fixed it XPASSes, which fails, and the
 # entry has to go.
-_PENDING_DOCTESTS = {
-    "lightning_speedups/recipes.py::lightning_speedups.recipes": (
-        "the module example prints the model that `recipe.apply(model)` returns (fix: `model = recipe.apply(model)`)"
-    ),
-}
+_PENDING_DOCTESTS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

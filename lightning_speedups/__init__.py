@@ -4,6 +4,9 @@ from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 from lightning_speedups._registry import TechniqueInfo, get_technique, list_techniques, register_technique
 from lightning_speedups._structure import load_checkpoint
 
+# autotune: the plan measured on this model and machine
+from lightning_speedups.autotune import TunePlan, autotune, list_candidates
+
 # callbacks (importing them registers their techniques)
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
 from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
@@ -63,9 +66,6 @@ from lightning_speedups.optim import (
     scale_lr,
     suggest_lr,
 )
-
-# autotune: the plan measured on this model and machine
-from lightning_speedups.autotune import TunePlan, autotune, list_candidates
 
 # recipes
 from lightning_speedups.recipes import Recipe, fast_finetune, fast_train, get_recipe, list_recipes

@@ -147,11 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lightning-speedups`` console script."""
     args = build_parser().parse_args(argv)
-    from lightning_speedups._errors import SpeedupConfigError
+    from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 
     try:
         return int(args.func(args))
-    except SpeedupConfigError as err:
+    except (SpeedupConfigError, SpeedupRuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

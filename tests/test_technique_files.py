@@ -25,7 +25,6 @@ PACKAGE = ROOT / "lightning_speedups"
 _MISSION_TIP_PENDING = {
     "trainer_settings": "lightning_speedups/settings.py",
     "batch_size_finder": "lightning_speedups/callbacks/batch_size.py",
-    "recipes": "lightning_speedups/recipes.py",
 }
 
 
