@@ -2,14 +2,21 @@
 
 Run: ``python -m lightning_speedups.benchmarks.batch_size [--full]``.
 Rows: search time (Lightning / ours, > 1 = ours faster) and the samples/s of each chosen size relative to the best
-size of the sweep (measured interleaved in one process, plain training steps with data loading).
+size of the sweep (measured interleaved in one process, plain training steps with data loading). Then the same under
+load (issue 15): a CPU-bound busy loop in another process, started and stopped here, while our finder runs N times
+(10 in full mode, 3 in quick) and Lightning's a few times; each choice is scored against the best size of an
+interleaved sweep under the same load (target: >= 0.9x in 9 of 10 runs, search time <= 0.25x of Lightning's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import multiprocessing
+import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -128,7 +135,98 @@ def run(quick: bool = True) -> list[BenchRow]:
                  "throughput", sps["sweep_best"], sps["lightning"], sps["lightning"] / sps["sweep_best"], "samples/s",
                  note="Lightning grows until OOM / dataset size, it does not look at speed", extra=common),
     ]
-    return rows
+    return rows + run_under_load(quick)
+
+
+def _busy(stop: Any) -> None:  # pragma: no cover - runs in the background process
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+@contextlib.contextmanager
+def background_load(processes: int = 1) -> Iterator[None]:
+    """CPU-bound busy loops in ``processes`` other processes while the body runs (forked: no torch in the child)."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+
+
+def run_under_load(quick: bool = True, runs: int | None = None) -> list[BenchRow]:
+    """Decision quality and search time of our finder with a CPU-bound process on the machine (issue 15 targets)."""
+    size = 16 if quick else 32
+    classes = list(range(5)) if quick else None
+    runs = runs or (3 if quick else 10)
+    pl_runs = 1 if quick else 3
+    from lightning.pytorch.tuner import Tuner
+
+    def ours() -> tuple[int, float, Any]:
+        model, dm = _task(size, classes)
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = find_batch_size(_trainer(max_epochs=1), model, dm, verbose=False, progress_bar=False)
+        untrusted = any("timing cannot be trusted" in str(w.message) for w in caught)
+        return r.chosen, time.perf_counter() - start, (r, untrusted)
+
+    def lightning() -> float:
+        model, dm = _task(size, classes)
+        start = time.perf_counter()
+        Tuner(_trainer(max_epochs=1, default_root_dir=_tmpdir())).scale_batch_size(model, datamodule=dm, mode="power")
+        return time.perf_counter() - start
+
+    chosen: list[int] = []
+    t_ours: list[float] = []
+    t_pl: list[float] = []
+    details: list[dict[str, Any]] = []
+    with background_load():
+        ours()  # warm the process up under load (imports, allocator), untimed
+        for i in range(runs):
+            b, t, (r, untrusted) = ours()
+            chosen.append(b)
+            t_ours.append(t)
+            details.append({"chosen": b, "search_s": round(t, 2), "stop": r.stop_reason, "untrusted": untrusted,
+                            "sizes": [x.batch_size for x in r.trials], "remeasured": len(r.remeasured),
+                            "final": r.final.get("median_samples_per_s")})
+            if i < pl_runs:  # Lightning's search interleaved with ours, so both see the same load
+                t_pl.append(lightning())
+        # the reference: every ladder size trained interleaved on the same sample budget, under the same load
+        _model, dm = _task(size, classes)
+        dm.setup("fit")
+        n = len(dm.train_set)
+        ladder = [b for b in (16, 32, 64, 128, 256, 512, 1024, 2048) if b < n] + [n]
+        samples = 512 if quick else 2048
+        fns = {b: _train_samples(size, b, samples, classes) for b in ladder}
+        reps = interleaved_timings(fns, repeats=3 if quick else 5, warmup=1)
+    sps = {b: fns[b].seen / median(reps[b]) for b in ladder}  # type: ignore[attr-defined]
+    best = max(sps, key=sps.get)  # type: ignore[arg-type]
+    quality = [sps.get(b, 0.0) / sps[best] for b in chosen]
+    hits = sum(q >= 0.9 for q in quality)
+    ratio_t = median(t_pl) / max(median(t_ours), 1e-9)
+    need = math.ceil(0.9 * runs)
+    common = {"load": "1 busy-loop process", "sweep_samples_per_s": {b: round(v, 1) for b, v in sps.items()},
+              "runs": details, "image_size": size}
+    return [
+        BenchRow("batch_size_finder", f"under load: our choice vs sweep best ({best}), median of {runs} runs",
+                 "throughput", sps[best], median([sps.get(b, 0.0) for b in chosen]), median(quality), "samples/s",
+                 note=f"{hits} of {runs} runs >= 0.9x (chosen {chosen}; per run {[round(q, 2) for q in quality]}); "
+                      f"target {need} of {runs}" + ("" if hits >= need else " NOT MET"), extra=common),
+        BenchRow("batch_size_finder", "under load: search time, ours vs Lightning BatchSizeFinder", "search_time",
+                 median(t_pl), median(t_ours), ratio_t, "s",
+                 note=f"medians of {len(t_ours)} (ours) and {len(t_pl)} (Lightning) interleaved runs; ours "
+                      f"{[round(t, 1) for t in t_ours]} s; target ratio >= 4" + ("" if ratio_t >= 4 else " NOT MET"),
+                 extra=common),
+    ]
 
 
 def _tmpdir() -> str:

@@ -5,9 +5,10 @@ search that stops on one unlucky trial picks a size far below the best (seen: 0.
 So a stop of the doubling ladder (a plateau or a dip) is a claim that the larger size does not gain ``min_gain``;
 under noise it is only made once paired, interleaved re-measurements of both sizes put the whole confidence
 interval of the median ratio below ``1 + min_gain`` (at ``confirm_rounds`` rounds that is a sign test: every round
-agrees). A verdict still within noise after ``2 * confirm_rounds`` rounds is no stop: the ladder goes on. The final
-choice re-measures the fastest sizes interleaved and keeps the smaller size unless a larger one is clearly faster.
-Both go through :func:`lightning_speedups.measure.compare` (shuffled rounds until the intervals separate).
+agrees). A verdict still within noise is no stop: the ladder goes on (also, unconfirmed, when measuring the rest of
+the ladder once costs less than the confirming rounds). The final choice re-measures the fastest sizes in fresh
+interleaved rounds and keeps the smaller size unless a larger one is clearly faster. Both go through
+:func:`lightning_speedups.measure.compare` (shuffled rounds until the intervals separate).
 
 Every decision depends only on the trials returned (their step times and elapsed times), so DDP ranks that agree on
 their trials take the same steps. Without step times (a hand-made ``measure``) the single-trial rules apply.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning_speedups.measure import Comparison, compare
@@ -108,10 +109,9 @@ class Search:
         smallest), continuing rounds already measured for the same sizes; ``None`` when ``search_time`` has no room
         for one more round."""
         key = tuple(sizes)
+        # fresh rounds only: the first-pass trials are why these sizes were picked (the fastest looked fastest partly
+        # by luck), so re-using them would favour them
         initial = self.rounds.get(key)
-        if initial is None and len(sizes) == 2:  # the first-pass trials of the two sizes, run one after the other
-            initial = {str(sizes[0]): [per_sample_time(self.by_size[sizes[0]][-1])],
-                       str(sizes[1]): [per_sample_time(self.by_size[sizes[1]][-1])]}
         done = len(next(iter(initial.values()))) if initial else 0
         round_cost = sum(trial_cost(self.by_size[b][-1]) for b in sizes)
         if self.time_left() < round_cost:
@@ -134,9 +134,13 @@ class Search:
         return cmp
 
     # ------------------------------------------------------------------ the climb
-    def judge(self, a: int, b: int) -> str:
+    def judge(self, a: int, b: int, rest: Sequence[int] = ()) -> str:
         """Verdict on the doubling ``a`` (best so far) -> ``b`` (just measured): ``"gain"``, ``"small"`` (gains less
-        than ``min_gain``), ``"dip"`` (slower) or ``"unclear"`` (within noise of ``1 + min_gain``: never a stop)."""
+        than ``min_gain``), ``"dip"`` (slower) or ``"unclear"`` (within noise of ``1 + min_gain``: never a stop).
+
+        ``rest`` are the sizes the ladder would still try: when measuring them once costs less than the rounds that
+        could confirm a stop, the ladder goes on unconfirmed (the final choice re-measures the fastest sizes anyway).
+        """
         threshold = 1.0 + self.cfg.min_gain
         first = per_sample_time(self.by_size[a][-1]) / max(per_sample_time(self.by_size[b][-1]), 1e-12)
         if first > threshold or not self.guarded:
@@ -149,7 +153,10 @@ class Search:
             self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(first, 4),
                                    "step_noise": round(noise, 4), "rounds": 1})
             return verdict
-        cmp = self._compare([a, b], self.cfg.confirm_rounds)
+        cost_b = trial_cost(self.by_size[b][-1])
+        confirm = (self.cfg.confirm_rounds - 1) * (trial_cost(self.by_size[a][-1]) + cost_b)
+        climb = sum(cost_b * c / b for c in rest)  # step time grows about linearly with the batch once it is large
+        cmp = self._compare([a, b], self.cfg.confirm_rounds) if confirm < climb else None
         lo, mid, hi = cmp.ratios[str(b)] if cmp is not None else (-math.inf, first, math.inf)
         rounds = cmp.trials if cmp is not None else 1
         verdict = "unclear"
@@ -170,20 +177,24 @@ class Search:
     def choose(self, good: list[int]) -> int:
         """The final size among the measured ``good`` ones (ascending), re-measured interleaved when noisy.
 
-        The candidates are the sizes whose fastest trial is within ``2 * min_gain`` of the fastest (at most
-        ``confirm_top``, fastest first); they run in shuffled rounds until the intervals separate. A larger size wins
-        only when it is clearly more than ``min_gain`` faster than the smallest candidate; when they stay within noise,
-        the smallest within ``min_gain`` of the fastest median is kept.
+        The candidates are the ``confirm_top`` fastest sizes (pooled medians); they run in fresh shuffled rounds
+        (at least ``confirm_rounds``, at most three times that) until the intervals separate from ``1 + min_gain``.
+        Separated, the cheaper size is kept unless a larger one is clearly more than ``min_gain`` faster. Still
+        straddling the threshold at the end, the faster median is kept: the smaller size could then be more than
+        ``2 * min_gain`` slower, the larger one only costs memory (the note says it was within noise).
         """
         point = self.point_choice(good)
         if not self.guarded or len(good) < 2:
             return point
-        top = max(self.best_rate(b) for b in good)
-        near = sorted(good, key=self.best_rate, reverse=True)[: self.cfg.confirm_top]
-        sizes = sorted(b for b in near if self.best_rate(b) >= (1.0 - 2 * self.cfg.min_gain) * top)
-        if len(sizes) < 2:
-            return sizes[0]
-        cmp = self._compare(sizes, 2 * self.cfg.confirm_rounds)
+        sizes = sorted(sorted(good, key=self.rate, reverse=True)[: self.cfg.confirm_top])
+        noise, threshold = self.step_noise(), 1.0 + self.cfg.min_gain
+        if noise is not None and all(  # quiet machine: the pooled estimates clear the step noise by 4 sigma
+            abs(math.log(self.rate(b) / self.rate(sizes[0]) / threshold)) > 4.0 * math.sqrt(2.0) * noise
+            for b in sizes[1:]
+        ):
+            self.note = f"{sizes} differ by more than 4 sigma of the measured step noise ({noise:.1%}): no re-check"
+            return point
+        cmp = self._compare(sizes, 3 * self.cfg.confirm_rounds)
         if cmp is None or cmp.trials < self.cfg.confirm_rounds:
             got = 1 if cmp is None and len(sizes) == 2 else 0 if cmp is None else cmp.trials
             return self._untrusted(sizes[0], sizes, f"only {got} of {self.cfg.confirm_rounds} interleaved rounds "
@@ -193,10 +204,9 @@ class Search:
             self.note = cmp.note or f"re-measured {sizes} interleaved: {chosen} separated from the rest"
         else:
             rates = {int(n): 1.0 / max(m, 1e-12) for n, m in cmp.medians.items()}
-            fastest = max(rates.values())
-            chosen = min(b for b, r in rates.items() if r >= (1.0 - self.cfg.min_gain) * fastest)
+            chosen = max(rates, key=lambda b: rates[b])
             self.note = (f"{', '.join(map(str, sizes))} within noise of each other after {cmp.trials} interleaved "
-                         f"rounds; chose {chosen}, the smallest within `min_gain` of the fastest median")
+                         f"rounds (the interval straddles `min_gain`); kept the faster median, {chosen}")
         self._record(cmp, sizes)
         return chosen
 

@@ -59,11 +59,11 @@ class BatchSizeSearchConfig:
             use at its peak; sizes predicted or measured above it are not chosen.
         max_trials: hard cap on the number of sizes measured.
         confirm_rounds: when timings are noisy (trials with step times), a stop of the ladder needs this many
-            paired, interleaved rounds of both sizes whose median-ratio interval lies below ``1 + min_gain``
-            (at most ``2 * confirm_rounds`` rounds are run; still within noise, the ladder goes on), and the final
-            choice re-measures the fastest sizes for at least this many rounds. ``1`` decides from single trials
-            (no guard against noise).
-        confirm_top: at most this many of the fastest sizes are re-measured interleaved at the end (>= 2).
+            fresh, interleaved rounds of both sizes whose median-ratio interval lies below ``1 + min_gain``
+            (still within noise, the ladder goes on), and the final choice re-measures the fastest sizes for at
+            least this many rounds (at most three times as many). ``1`` decides from single trials (no guard
+            against noise).
+        confirm_top: this many of the fastest sizes are re-measured interleaved at the end (>= 2).
         confidence: level of the median-ratio intervals, in [0.5, 1).
         search_time: seconds for the whole search, trials and re-measurements (``None``: no limit). When it runs
             out the ladder stops where it is; when the final re-measurement does not fit, the finder warns that
@@ -303,7 +303,7 @@ def search_batch_size(
             if best is None:
                 best = b
             else:
-                verdict = search.judge(best, b)
+                verdict = search.judge(best, b, ladder[i + 1:])
                 from_best = previous == best
                 if verdict == "gain":
                     best, stalls = b, 0
