@@ -168,6 +168,8 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
     # FastSchedule owns the LR schedule: a module that returns its own scheduler is a conflict
     **{(a, "fast_schedule"): Refused(r"(?i)schedul") for a in _OWN_SCHEDULER},
     **{(a, "fast_schedule_no_sched"): WORKS for a in ARCHS if a != "boring"},  # BoringModel: StepLR hard-coded
+    # structural pruning changes shapes mid-run, which would recompile after every step: one of the two per run
+    ("*", "compile+pruning"): Refused(r"(?i)TorchCompile", names_module=False),
     **{(a, "progressive_resizing"): Refused(r"(?i)image|4-D|resiz") for a in _NO_IMAGES},
     **{(a, "progressive_resizing"): Refused(r"(?i)fails on|smaller|size") for a in _FIXED_SIZE},
 }
