@@ -107,6 +107,24 @@ def rewrap_ddp(trainer: Any) -> bool:
     return True
 
 
+def _follow_old_groups(old_opt: Any, new_opt: Any, origins: Mapping[int, ParamOrigin]) -> None:
+    """Regroup ``new_opt``'s parameters like ``old_opt``'s: a callback (layer-wise LR decay, unfreezing) split the
+    groups that ``configure_optimizers`` returns, and re-running it must not silently merge them again."""
+    group_of = {id(p): i for i, g in enumerate(old_opt.param_groups) for p in g["params"]}
+    groups: list[dict[str, Any]] = [{**{k: v for k, v in g.items() if k != "params"}, "params": []}
+                                    for g in old_opt.param_groups]  # fmt: skip
+    extra: list[dict[str, Any]] = []
+    for new_group in new_opt.param_groups:
+        leftover = {**{k: v for k, v in new_group.items() if k != "params"}, "params": []}
+        for p in new_group["params"]:
+            root = origins.get(id(p), (p, {}))[0]
+            index = group_of.get(id(root), group_of.get(id(p)))
+            (groups[index] if index is not None else leftover)["params"].append(p)
+        if leftover["params"]:
+            extra.append(leftover)
+    new_opt.param_groups = [g for g in groups if g["params"]] + extra
+
+
 def rebuild_optimizers(
     trainer: Any,
     pl_module: nn.Module,
@@ -163,6 +181,8 @@ def rebuild_optimizers(
 
     carried = reset = 0
     for old_opt, new_opt in zip(old_optimizers, new_optimizers):
+        if len(old_opt.param_groups) != len(new_opt.param_groups):
+            _follow_old_groups(old_opt, new_opt, origins)
         params = [p for g in new_opt.param_groups for p in g["params"]]
         state, c, r = _carry_state(old_opt.state, params, origins)
         carried, reset = carried + c, reset + r
