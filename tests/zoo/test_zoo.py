@@ -26,7 +26,7 @@ from tests.zoo.cells import (
     reload_check,
     resume_check,
 )
-from tests.zoo.techniques import missing_needs
+from tests.zoo.techniques import known_issue, missing_needs
 
 pytestmark = [
     pytest.mark.zoo,
@@ -39,6 +39,9 @@ _FITS: dict[str, FitRecord] = {}  # the current cell's uninterrupted fit, shared
 
 def _param(cell: Cell) -> object:
     marks = [pytest.mark.slow] if cell.technique.slow else []
+    reason = known_issue(cell.arch, cell.tech)
+    if reason:
+        marks.append(pytest.mark.xfail(reason=reason, strict=False))
     return pytest.param(cell, id=cell.id, marks=marks)
 
 
