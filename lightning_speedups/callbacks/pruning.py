@@ -184,7 +184,8 @@ class Pruning(L.Callback):
             ignored = self._ignored(pl_module)
             if not mask_targets(pl_module, resolve_layers(pl_module, ignored)):  # unknown names raise here
                 raise SpeedupConfigError(
-                    f"`ignored_layers`={ignored!r} leaves no conv/linear layer to prune. Allowed values: a list that "
+                    f"`ignored_layers`={ignored!r} leaves no conv/linear layer of {type(pl_module).__name__} to prune. "
+                    "Allowed values: a list that "
                     "leaves at least one layer."
                 )
             return

@@ -63,8 +63,8 @@ def prune_unstructured(
     targets = mask_targets(model, resolve_layers(model, ignored_layers))
     if not targets:
         raise SpeedupConfigError(
-            f"`ignored_layers`={list(ignored_layers)!r} leaves no conv/linear layer to prune. Allowed values: a list "
-            "that leaves at least one layer."
+            f"`ignored_layers`={list(ignored_layers)!r} leaves no conv/linear layer of {type(model).__name__} to "
+            "prune. Allowed values: a list that leaves at least one layer."
         )
     before = sparsity_report(model)
     scores = [(n, m, effective_weight(m).abs()) for n, m in targets]  # masked weights score 0: pruned stay pruned

@@ -175,7 +175,7 @@ def test_pruning_misconfiguration(monkeypatch):
         setup_error(Pruning(ignored_layers=["classifier"]))
     with pytest.raises(SpeedupConfigError, match="leaves no prunable layer"):
         setup_error(Pruning(ignored_layers=["backbone", "head"]))
-    with pytest.raises(SpeedupConfigError, match="leaves no conv/linear layer to prune"):
+    with pytest.raises(SpeedupConfigError, match="leaves no conv/linear layer of DemoClassifier to prune"):
         setup_error(Pruning(mode="unstructured", ignored_layers=["backbone", "head"]))
     with pytest.raises(SpeedupConfigError, match="would remove all 2 channels of layer 'backbone.1.0'"):
         setup_error(Pruning(amount=0.6), DemoClassifier(width=2))
