@@ -214,7 +214,8 @@ class Comparison:
 
     ``ratios[name]`` is ``(low, median, high)`` of the per-round speed ratio baseline_time / candidate_time (> 1 =
     candidate faster), with a ``confidence`` interval; ``separated`` says whether the winner's interval clears
-    ``1 + min_gain`` (or, when the baseline won, whether every candidate's interval is below it).
+    ``1 + min_gain`` (or, when the baseline won, whether every candidate's interval is below it). ``trusted`` is
+    ``False`` when fewer than ``min_rounds`` rounds fit in the budget (the baseline was kept, with a warning).
     """
 
     winner: str
@@ -227,6 +228,8 @@ class Comparison:
     elapsed_s: float
     note: str = ""
     times: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    confidence: float = 0.95  # level of the ``ratios`` intervals
+    trusted: bool = True
 
     @property
     def gain(self) -> float:
@@ -345,6 +348,8 @@ def compare(
         elapsed_s=clock() - start,
         note=note,
         times=times,
+        confidence=look_confidence,
+        trusted=rounds >= min_rounds,
     )
 
 

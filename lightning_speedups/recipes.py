@@ -186,7 +186,7 @@ def device_datamodule(
 
 def measure_cpu_layout_and_precision(
     model: nn.Module, example: torch.Tensor, batch_size: int = 64, repeats: int = 3, margin: float = 1.1,
-    budget_s: float = 3.0, clock: Any = None,
+    budget_s: float = 5.0, clock: Any = None,
 ) -> tuple[bool, str, dict[str, float]]:
     """Time a training step of copies of ``model`` on this CPU in fp32 / channels_last / bf16 / both; pick the best.
 

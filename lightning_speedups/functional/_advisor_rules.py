@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lightning_speedups._measure_ratio import describe_ratio, ratio_evidence
 from lightning_speedups.functional._advisor_records import AdvisorThresholds, Finding, Measurements
 
 __all__ = ["RULES", "Rule", "advisor_rule"]
@@ -28,6 +29,17 @@ def advisor_rule(rule: Rule) -> Rule:
 
 def _severity(score: float) -> str:
     return "high" if score >= 0.25 else "medium" if score >= 0.08 else "low" if score > 0.0 else "info"
+
+
+def _measurement(ratio: float | None) -> dict:
+    """``{"measurement": median ratio, interval, rounds}`` of a measured ratio (nothing for a plain number)."""
+    ev = ratio_evidence(ratio)
+    return {"measurement": ev} if ev else {}
+
+
+def _why(ratio: float | None) -> str:
+    text = describe_ratio(ratio)
+    return f" ({text})" if text else ""
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -137,9 +149,10 @@ def low_precision_on_slow_cpu(m: Measurements, th: AdvisorThresholds) -> Finding
             "precision": m.precision,
             "bf16_step_slowdown": _r(slow, 2),
             "compute_ms": _ms(m.compute_s),
+            **_measurement(s_bf16),
         },
         '`trainer_settings(precision="auto")` (picks 32-true on this CPU) or `Trainer(precision="32-true")`.',
-        f"about {slow:.1f}x faster compute (fp32 vs bf16 training step measured on this CPU)"
+        f"about {slow:.1f}x faster compute (fp32 vs bf16 training step measured on this CPU)" + _why(s_bf16)
         if slow
         else "fp32 is typically several times faster on CPUs without bf16 units (not measured)",
         measured=slow is not None,
@@ -178,9 +191,10 @@ def fp32_on_bf16_cpu(m: Measurements, th: AdvisorThresholds) -> Finding | None:
         f"fp32 training although bf16 autocast ran {m.bf16_speedup:.2f}x faster on this CPU",
         _severity(score),
         score,
-        {"precision": m.precision, "bf16_step_speedup": _r(m.bf16_speedup, 2)},
+        {"precision": m.precision, "bf16_step_speedup": _r(m.bf16_speedup, 2), **_measurement(m.bf16_speedup)},
         '`Trainer(precision="bf16-mixed")` (or `trainer_settings(precision="auto")`); check the accuracy.',
-        f"{m.bf16_speedup:.2f}x faster forward+backward under bf16 autocast, measured on this CPU",
+        f"{m.bf16_speedup:.2f}x faster forward+backward under bf16 autocast, measured on this CPU"
+        + _why(m.bf16_speedup),
         measured=True,
     )
 
@@ -215,7 +229,7 @@ def channels_last(m: Measurements, th: AdvisorThresholds) -> Finding | None:
         score = max(0.0, compute_share * (1.0 - 1.0 / s))
         expected = f"{s:.2f}x faster forward+backward measured on a copy of the model" + (
             "" if s > 1.02 else " (no gain on this machine: skip it)"
-        )
+        ) + _why(s)
     else:
         score = compute_share * (0.15 if m.device_type == "cuda" else 0.02)
         expected = "typically 1.1-1.3x on GPUs with tensor cores (not measured)"
@@ -224,7 +238,7 @@ def channels_last(m: Measurements, th: AdvisorThresholds) -> Finding | None:
         "Convolution model in the default NCHW memory layout",
         _severity(score) if s is None or s > 1.02 else "info",
         score if s is None or s > 1.02 else 0.0,
-        {"channels_last_speedup": _r(s, 3)},
+        {"channels_last_speedup": _r(s, 3), **_measurement(s)},
         "`ChannelsLast()` callback (model and 4-D inputs to torch.channels_last).",
         expected,
         measured=s is not None,
@@ -256,11 +270,11 @@ def optimizer_not_fused(m: Measurements, th: AdvisorThresholds) -> list[Finding]
                 "info" if no_gain else _severity(score),
                 0.0 if no_gain else score,
                 {"optimizer": opt.name, "optimizer_share": _r(opt_share), "foreach": opt.foreach,
-                 "fused_step_speedup": _r(s, 2)},
+                 "fused_step_speedup": _r(s, 2), **_measurement(s)},
                 "`OptimizerConfig(implementation=\"fused\")` with `SpeedupMixin` (\"auto\" fuses on accelerators "
                 "only; on CPU ask for it when measured faster) or `torch.optim.<Opt>(..., fused=True)`.",
                 f"{s:.2f}x faster optimizer step measured on copies of the parameters"
-                + (" (no gain on this machine: skip it)" if no_gain else "")
+                + (" (no gain on this machine: skip it)" if no_gain else "") + _why(s)
                 if s is not None
                 else "fused kernels: one launch per step instead of one per tensor (not measured)",
                 measured=s is not None,

@@ -6,7 +6,9 @@ Nothing here touches a Trainer: :func:`diagnose` reads a :class:`Measurements` r
 estimated share of step time the fix would save (Amdahl-style, 0..1). The records live in ``_advisor_records.py``,
 the report rendering in ``_advisor_report.py``; all are re-exported here. The cheap micro-measurements the callback
 uses to put numbers on "expected effect" (bf16 vs fp32, channels_last, fused optimizer step) live here too and work on
-plain modules and tensors, timed through :mod:`lightning_speedups.measure`.
+plain modules and tensors, timed interleaved through :func:`lightning_speedups.measure.compare` until the interval
+clears the finding's threshold or a budget runs out; they return a
+:class:`~lightning_speedups._measure_ratio.MeasuredRatio` (conservative within noise, with its evidence).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_speedups._measure_ratio import MeasuredRatio, measured_ratio
 from lightning_speedups.functional._advisor_records import (
     SEVERITIES,
     AdvisorThresholds,
@@ -28,7 +31,7 @@ from lightning_speedups.functional._advisor_records import (
 )
 from lightning_speedups.functional._advisor_report import AdvisorReport
 from lightning_speedups.functional._advisor_rules import RULES, Rule, advisor_rule
-from lightning_speedups.measure import interleaved_ratio, model_copy
+from lightning_speedups.measure import model_copy
 
 __all__ = [
     "AdvisorReport",
@@ -77,7 +80,8 @@ def diagnose(m: Measurements, thresholds: AdvisorThresholds | None = None) -> li
 _Candidate = Callable[[nn.Module, torch.Tensor], tuple[nn.Module, torch.Tensor, Any]]
 
 
-def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate, repeats: int) -> float | None:
+def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate, repeats: int, min_gain: float,
+                budget_s: float) -> MeasuredRatio | None:
     """Forward+backward time of a copy of ``module`` / of a candidate copy (> 1: candidate faster); None on failure."""
     try:
         base = model_copy(module, train=True)
@@ -97,16 +101,34 @@ def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate,
         return f
 
     try:
-        return interleaved_ratio(run(base, x, contextlib.nullcontext), run(cand, xc, ctx), repeats, sync=x.is_cuda)
+        return measured_ratio(_synced(run(base, x, contextlib.nullcontext), x.is_cuda), _synced(run(cand, xc, ctx),
+                              x.is_cuda), min_gain=min_gain, budget_s=budget_s, min_rounds=repeats)
     except Exception:  # noqa: BLE001
         return None
 
 
-def channels_last_speedup(module: nn.Module, example: torch.Tensor, repeats: int = 3) -> float | None:
+def _synced(fn: Callable[[], Any], cuda: bool) -> Callable[[], Any]:
+    """``fn`` followed by ``torch.cuda.synchronize()`` on CUDA, so its time covers the kernels it launched."""
+    if not cuda:
+        return fn
+
+    def f() -> Any:
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+
+    return f
+
+
+def channels_last_speedup(
+    module: nn.Module, example: torch.Tensor, repeats: int = 3, budget_s: float = 2.0
+) -> MeasuredRatio | None:
     """Forward+backward time NCHW / channels_last on deep copies of ``module`` (> 1: channels_last faster).
 
-    The copies keep the real model, its grads and its optimizer untouched. Returns ``None`` for non-image inputs or
-    when the copy or the forward fails (e.g. a model that cannot be deep-copied).
+    The copies keep the real model, its grads and its optimizer untouched. At least ``repeats`` interleaved rounds,
+    more until the interval clears the advisor's 2% threshold or ``budget_s`` runs out; the value is conservative
+    (1.0 within noise). Returns ``None`` for non-image inputs or when the copy or the forward fails (e.g. a model that
+    cannot be deep-copied).
     """
     if example.dim() != 4:
         return None
@@ -116,14 +138,18 @@ def channels_last_speedup(module: nn.Module, example: torch.Tensor, repeats: int
             contextlib.nullcontext
         )
 
-    return _copy_ratio(module, example, cand, repeats)
+    return _copy_ratio(module, example, cand, repeats, min_gain=0.02, budget_s=budget_s)
 
 
-def bf16_autocast_speedup(module: nn.Module, example: torch.Tensor, repeats: int = 3) -> float | None:
+def bf16_autocast_speedup(
+    module: nn.Module, example: torch.Tensor, repeats: int = 3, budget_s: float = 2.0, min_gain: float = 0.3
+) -> MeasuredRatio | None:
     """Forward+backward time fp32 / bf16 autocast on deep copies of ``module`` with this batch (> 1: bf16 faster).
 
     Measures the user's own model: on a Xeon with AMX a bf16 matmul is ~20x faster than fp32 while a small conv net's
-    step under bf16 autocast can be slower, and CPUs without bf16 units emulate it (~10x slower).
+    step under bf16 autocast can be slower, and CPUs without bf16 units emulate it (~10x slower). Interleaved rounds
+    until the interval clears ``1 + min_gain`` (the 30% the advisor and ``trainer_settings`` ask of bf16) or
+    ``budget_s`` runs out; the value is conservative (1.0 within noise, fp32 stays).
     """
     if not example.is_floating_point():
         return None
@@ -132,14 +158,17 @@ def bf16_autocast_speedup(module: nn.Module, example: torch.Tensor, repeats: int
     def cand(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor, Any]:
         return model, x, functools.partial(torch.autocast, device_type, dtype=torch.bfloat16)
 
-    return _copy_ratio(module, example, cand, repeats)
+    return _copy_ratio(module, example, cand, repeats, min_gain=min_gain, budget_s=budget_s)
 
 
-def fused_optimizer_speedup(optimizer: torch.optim.Optimizer, repeats: int = 5) -> float | None:
+def fused_optimizer_speedup(
+    optimizer: torch.optim.Optimizer, repeats: int = 5, budget_s: float = 2.0
+) -> MeasuredRatio | None:
     """Step time of ``optimizer``'s settings / the same with ``fused=True``, on cloned parameters with random grads.
 
-    Only parameters that currently have a grad are cloned. Returns ``None`` when the class has no fused kernel for
-    these tensors (construction or step raises).
+    Only parameters that currently have a grad are cloned; interleaved rounds until the interval clears the advisor's
+    5% threshold or ``budget_s`` runs out (conservative value: 1.0 within noise). Returns ``None`` when the class has no
+    fused kernel for these tensors (construction or step raises).
     """
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     if not params or "fused" not in optimizer.defaults:
@@ -155,6 +184,8 @@ def fused_optimizer_speedup(optimizer: torch.optim.Optimizer, repeats: int = 5) 
     try:
         plain = make(**{k: optimizer.defaults[k] for k in ("foreach",) if k in optimizer.defaults})
         fused = make(fused=True)
-        return interleaved_ratio(plain.step, fused.step, repeats, sync=params[0].is_cuda)
+        cuda = params[0].is_cuda
+        return measured_ratio(_synced(plain.step, cuda), _synced(fused.step, cuda), min_gain=0.05, budget_s=budget_s,
+                              min_rounds=repeats)
     except Exception:  # noqa: BLE001 - no fused kernel for this class/device/dtype
         return None
