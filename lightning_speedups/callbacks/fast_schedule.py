@@ -117,8 +117,9 @@ class FastSchedule(Callback):
         if trainer.lr_scheduler_configs:
             names = ", ".join(type(c.scheduler).__name__ for c in trainer.lr_scheduler_configs)
             raise SpeedupConfigError(
-                f"FastSchedule sets the LR schedule, but `configure_optimizers` already returns one ({names}). "
-                "HINT: return only the optimizer (SpeedupMixin: scheduler_config=None), or drop FastSchedule."
+                f"FastSchedule sets the LR schedule, but `{type(pl_module).__name__}.configure_optimizers` already "
+                f"returns one ({names}). Allowed values: a module that returns only its optimizer. HINT: return only "
+                "the optimizer (SpeedupMixin: scheduler_config=None), or drop FastSchedule."
             )
         total = self.total_steps or trainer.estimated_stepping_batches
         if not math.isfinite(total):

@@ -7,12 +7,15 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
+from lightning_speedups._compat import fit_train_dataloader
 from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._inputs import candidate_inputs, example_from_batch, first_batch
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._batch_hooks import after_batch_to_device
 from lightning_speedups.functional.progressive_resizing import (
@@ -121,32 +124,41 @@ class ProgressiveResizing(Callback):
                 f"ProgressiveResizing: the checkpoint's run had {self._saved_total} steps, this one {self._total}; "
                 "the resizing schedule is stretched to the new length."
             )
-        self._check_small_input(pl_module)
+        self._check_small_input(trainer, pl_module)
         rank_zero_info(
             f"ProgressiveResizing: scale {self.initial_scale} until {self.delay_fraction:.0%} of {self._total} steps, "
             f"full size for the last {self.finetune_fraction:.0%}."
         )
 
-    def _check_small_input(self, pl_module: L.LightningModule) -> None:
+    def _check_small_input(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Refuse, before any step, a run with nothing to resize or a model that fails at the smallest size."""
         example = getattr(pl_module, "example_input_array", None)
-        if not isinstance(example, torch.Tensor) or example.dim() != 4 or not example.is_floating_point():
-            return
-        small = resize_batch(example.to(pl_module.device), self.initial_scale, self.mode, self.size_increment,
-                             self.interpolation)
-        modes = {m: m.training for m in pl_module.modules()}
-        pl_module.eval()
-        try:
-            with torch.no_grad():
-                pl_module(small)
-        except Exception as err:  # any failure of the user's forward at the small size
+        if isinstance(example, torch.Tensor):
+            batch: Any = example
+        else:  # no example input: the first two samples of the first training batch (the global RNG is kept)
+            loader = fit_train_dataloader(trainer)
+            batch = _head(first_batch(loader)) if loader is not None else None
+            if batch is None:
+                return
+        batch = move_data_to_device(batch, pl_module.device)
+        images = [t for t in _tensors(batch) if t.dim() == 4 and t.is_floating_point()]
+        if not images:
             raise SpeedupConfigError(
-                f"ProgressiveResizing: `{type(pl_module).__name__}` fails on {tuple(small.shape[-2:])} inputs "
-                f"(`initial_scale`={self.initial_scale}): {type(err).__name__}: {err}. HINT: pool globally "
-                "(nn.AdaptiveAvgPool2d) before the classifier, or raise initial_scale."
-            ) from err
-        finally:
-            for m, mode in modes.items():
-                m.training = mode
+                f"ProgressiveResizing: the training batches of `{type(pl_module).__name__}` hold no 4-D float image "
+                "tensor, so there is nothing to resize. Allowed values: image batches (N, C, H, W). HINT: remove "
+                "ProgressiveResizing for this model."
+            )
+        small = resize_batch(batch, self.initial_scale, self.mode, self.size_increment, self.interpolation)
+        if example_from_batch(pl_module, batch) is None:
+            return  # the full-size batch does not run through forward alone either: nothing to compare against
+        error = _forward_error(pl_module, small, batch)
+        if error is not None:
+            shape = tuple(next(t for t in _tensors(small) if t.dim() == 4).shape[-2:])
+            raise SpeedupConfigError(
+                f"ProgressiveResizing: `{type(pl_module).__name__}` fails on {shape} inputs "
+                f"(`initial_scale`={self.initial_scale}): {error}. Allowed values: a model that accepts smaller "
+                "images. HINT: pool globally (nn.AdaptiveAvgPool2d) before the classifier, or raise initial_scale."
+            )
 
     def _resize(self, trainer: L.Trainer, batch: Any) -> Any:
         if not trainer.training or self._total is None:
@@ -203,3 +215,38 @@ register_technique(
         example_kwargs={"initial_scale": 0.5},
     )
 )
+
+
+def _head(batch: Any, n: int = 2) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:n] if batch.dim() > 0 else batch
+    if isinstance(batch, dict):
+        return {k: _head(v, n) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_head(v, n) for v in batch)
+    return batch
+
+
+def _forward_error(pl_module: L.LightningModule, small: Any, full: Any) -> str | None:
+    """Why the model's forward fails on the resized batch (tried the way the full batch runs), or ``None``."""
+    runs_full = example_from_batch(pl_module, full)
+    for candidate in candidate_inputs(small):
+        if type(candidate) is not type(runs_full):
+            continue
+        modes = {m: m.training for m in pl_module.modules()}
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                if isinstance(candidate, dict):
+                    pl_module(**candidate)
+                elif isinstance(candidate, tuple):
+                    pl_module(*candidate)
+                else:
+                    pl_module(candidate)
+            return None
+        except Exception as err:  # any failure of the user's forward at the small size
+            return f"{type(err).__name__}: {err}"
+        finally:
+            for m, mode in modes.items():
+                m.training = mode
+    return None
