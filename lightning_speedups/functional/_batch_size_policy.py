@@ -100,10 +100,6 @@ class Search:
                     dof += len(logs) - 1
         return math.sqrt(squares / dof) if dof >= 4 else None
 
-    def best_rate(self, b: int) -> float:
-        """Samples/s of size ``b``'s fastest trial: an optimistic estimate, to pick which sizes deserve a re-check."""
-        return max((1.0 / max(per_sample_time(t), 1e-12) for t in self.by_size.get(b, []) if t.ok), default=0.0)
-
     def _compare(self, sizes: list[int], max_rounds: int) -> Comparison | None:
         """Interleaved rounds of ``sizes`` through :func:`~lightning_speedups.measure.compare` (baseline: the
         smallest), continuing rounds already measured for the same sizes; ``None`` when ``search_time`` has no room
@@ -154,7 +150,7 @@ class Search:
                                    "step_noise": round(noise, 4), "rounds": 1})
             return verdict
         cost_b = trial_cost(self.by_size[b][-1])
-        confirm = (self.cfg.confirm_rounds - 1) * (trial_cost(self.by_size[a][-1]) + cost_b)
+        confirm = self.cfg.confirm_rounds * (trial_cost(self.by_size[a][-1]) + cost_b)
         climb = sum(cost_b * c / b for c in rest)  # step time grows about linearly with the batch once it is large
         cmp = self._compare([a, b], self.cfg.confirm_rounds) if confirm < climb else None
         lo, mid, hi = cmp.ratios[str(b)] if cmp is not None else (-math.inf, first, math.inf)
@@ -164,8 +160,8 @@ class Search:
             verdict = "small" if mid >= 1.0 else "dip"
         elif mid > threshold:
             verdict = "gain"
-        self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(mid, 4),
-                               "interval": [round(lo, 4), round(hi, 4)], "rounds": rounds})
+        self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(mid, 4), "rounds": rounds,
+                               "interval": None if cmp is None else [round(lo, 4), round(hi, 4)]})
         return verdict
 
     # ------------------------------------------------------------------ the final choice
