@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
@@ -103,6 +104,13 @@ class QuantizationAwareTraining(Callback):
             raise SpeedupConfigError(
                 f"`start_epoch`={self.start_epoch} is not before `max_epochs`={max_epochs}: QAT would never start. "
                 f"Allowed values: 0..{max_epochs - 1}."
+            )
+        example = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
+        if self.convert_on_fit_end and isinstance(example, torch.Tensor) and example.dim() > 0 and len(example) < 2:
+            raise SpeedupConfigError(
+                f"`example_inputs` has {len(example)} sample(s), but `convert_on_fit_end`=True validates the int8 "
+                "model on inputs it was not calibrated on. Allowed values: a batch of at least 2 samples (half "
+                "calibrates, half validates). HINT: pass example_inputs=<a training batch>."
             )
         if self.convert_on_fit_end and self.example_inputs is None and pl_module.example_input_array is None:
             raise SpeedupConfigError(
