@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LABEL_KEYS", "candidate_inputs", "example_from_batch", "first_batch"]
+__all__ = ["LABEL_KEYS", "candidate_inputs", "example_from_batch", "first_batch", "head_samples"]
 
 # keys of a dict batch that are targets, not model inputs (Hugging Face, torchvision detection, common usage)
 LABEL_KEYS = ("labels", "label", "target", "targets", "y")
@@ -23,6 +23,11 @@ def _head(value: Any, n: int, batch_size: int | None) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_head(v, n, batch_size) for v in value)
     return value
+
+
+def head_samples(batch: Any, n: int = 2) -> Any:
+    """The first ``n`` samples of every batched tensor of ``batch`` (the batch dimension read off the batch)."""
+    return _head(batch, n, _batch_size(batch))
 
 
 def _batch_size(batch: Any) -> int | None:
@@ -83,7 +88,7 @@ def example_from_batch(model: nn.Module, batch: Any, n: int = 2) -> Any:
         >>> example_from_batch(nn.Linear(3, 1), (torch.zeros(8, 3), torch.zeros(8))).shape
         torch.Size([2, 3])
     """
-    small = _head(batch, n, _batch_size(batch))
+    small = head_samples(batch, n)
     for candidate in candidate_inputs(small):
         if _runs(model, candidate):
             return candidate

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from lightning_speedups._compat import fit_train_dataloader
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups._inputs import candidate_inputs, example_from_batch, first_batch
+from lightning_speedups._inputs import candidate_inputs, example_from_batch, first_batch, head_samples
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._batch_hooks import after_batch_to_device
 from lightning_speedups.functional.progressive_resizing import (
@@ -137,7 +137,7 @@ class ProgressiveResizing(Callback):
             batch: Any = example
         else:  # no example input: the first two samples of the first training batch (the global RNG is kept)
             loader = fit_train_dataloader(trainer)
-            batch = _head(first_batch(loader)) if loader is not None else None
+            batch = head_samples(first_batch(loader)) if loader is not None else None
             if batch is None:
                 return
         batch = move_data_to_device(batch, pl_module.device)
@@ -215,16 +215,6 @@ register_technique(
         example_kwargs={"initial_scale": 0.5},
     )
 )
-
-
-def _head(batch: Any, n: int = 2) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[:n] if batch.dim() > 0 else batch
-    if isinstance(batch, dict):
-        return {k: _head(v, n) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_head(v, n) for v in batch)
-    return batch
 
 
 def _forward_error(pl_module: L.LightningModule, small: Any, full: Any) -> str | None:

@@ -107,6 +107,12 @@ def count_macs(model: nn.Module, example_inputs: Any) -> int:
                 kernel *= int(k)
             total += out.numel() * (module.weight.shape[1]) * kernel
 
+    _forward_with_hooks(model, example_inputs, hook)
+    return total
+
+
+def _forward_with_hooks(model: nn.Module, example_inputs: Any, hook: Any) -> None:
+    """One eval-mode, no-grad forward with ``hook`` on every conv/linear layer (removed afterwards)."""
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, PRUNABLE)]
     try:
         with torch.no_grad(), eval_mode(model):
@@ -114,7 +120,6 @@ def count_macs(model: nn.Module, example_inputs: Any) -> int:
     finally:
         for h in handles:
             h.remove()
-    return total
 
 
 def forward(model: nn.Module, example_inputs: Any) -> Any:
@@ -142,17 +147,7 @@ def default_ignored_layers(model: nn.Module, example_inputs: Any = None) -> list
     names = {m: n for n, m in model.named_modules()}
     order: list[str] = []
     if example_inputs is not None:
-        handles = [
-            m.register_forward_hook(lambda mod, _i, _o: order.append(names[mod]))
-            for m in model.modules()
-            if isinstance(m, PRUNABLE)
-        ]
-        try:
-            with torch.no_grad(), eval_mode(model):
-                forward(model, example_inputs)
-        finally:
-            for h in handles:
-                h.remove()
+        _forward_with_hooks(model, example_inputs, lambda mod, _i, _o: order.append(names[mod]))
     else:
         order = [n for n, m in model.named_modules() if isinstance(m, PRUNABLE)]
     return order[-1:]
