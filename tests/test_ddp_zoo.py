@@ -62,7 +62,8 @@ CASES = {
 
 def _loader() -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 4, (16,), generator=g)), 4)
+    x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 4, (16,), generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=4)
 
 
 def _assert_ranks_identical(tmp_path) -> dict[str, torch.Tensor]:
