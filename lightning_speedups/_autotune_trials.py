@@ -19,6 +19,8 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import nn
 
+from lightning_speedups._inputs import flat_tensors
+from lightning_speedups.functional.channels_last import to_channels_last
 from lightning_speedups.measure import Comparison, compare
 
 __all__ = ["CANDIDATES", "Choice", "TrialContext", "register_candidate"]
@@ -102,7 +104,7 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
     batch = move_data_to_device(_scaled(ctx.batch, scale), ctx.device)
     if plan.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
-        batch = _to_channels_last(batch)
+        batch = to_channels_last(batch)
     params = [p for p in model.parameters() if p.requires_grad]
     impl = plan.get("implementation")
     kwargs = {"fused": True} if impl == "fused" else {"foreach": True} if impl == "foreach" else {}
@@ -132,16 +134,6 @@ def _detached_copy(module: nn.Module) -> nn.Module:
     memo = {id(trainer): None} if trainer is not None else {}
     clone = copy.deepcopy(module, memo)
     return clone.train()
-
-
-def _to_channels_last(batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
-    if isinstance(batch, Mapping):
-        return {k: _to_channels_last(v) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_channels_last(v) for v in batch)
-    return batch
 
 
 def _decide(ctx: TrialContext, name: str, options: Mapping[str, dict[str, Any]], share: float) -> Choice:
@@ -178,7 +170,7 @@ def _precision(ctx: TrialContext, share: float) -> Choice | None:
 
 
 def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
-    images = [t for t in _tensors(ctx.batch) if t.dim() == 4]
+    images = [t for t in flat_tensors(ctx.batch) if t.dim() == 4]
     if not images or not any(isinstance(m, nn.Conv2d) for m in ctx.model.modules()):
         ctx.notes.append("channels_last not tried: no 4-D input or no Conv2d")
         return None
@@ -289,13 +281,6 @@ def _data(ctx: TrialContext, share: float) -> Choice | None:
     lo, mid, hi = result.ratios["device"]
     note = result.note or (f"data on the device: {mid:.2f}x per step" if keep else "the loader is not the bottleneck")
     return Choice("data", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else []
-    return [t for v in values for t in _tensors(v)]
 
 
 # the order matters: precision first (the largest effect on CPUs with bf16 units and on GPUs), compile last

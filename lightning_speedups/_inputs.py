@@ -8,7 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LABEL_KEYS", "candidate_inputs", "example_from_batch", "first_batch", "head_samples"]
+__all__ = [
+    "LABEL_KEYS",
+    "candidate_inputs",
+    "example_from_batch",
+    "first_batch",
+    "flat_tensors",
+    "forward_error",
+    "head_samples",
+]
 
 # keys of a dict batch that are targets, not model inputs (Hugging Face, torchvision detection, common usage)
 LABEL_KEYS = ("labels", "label", "target", "targets", "y")
@@ -58,7 +66,23 @@ def candidate_inputs(batch: Any) -> Iterator[Any]:
         yield (batch,)
 
 
-def _runs(model: nn.Module, inputs: Any) -> bool:
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (a tensor, or any nesting of mappings, lists and tuples), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in flat_tensors(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in flat_tensors(v)]
+    return []
+
+
+def forward_error(model: nn.Module, inputs: Any) -> str | None:
+    """Why one eval-mode, no-grad ``forward`` on ``inputs`` fails (``"Type: message"``), or ``None`` if it runs.
+
+    ``inputs`` is called as ``model(**inputs)`` (dict), ``model(*inputs)`` (tuple) or ``model(inputs)``; the
+    train/eval flags are restored afterwards.
+    """
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
@@ -69,9 +93,9 @@ def _runs(model: nn.Module, inputs: Any) -> bool:
                 model(*inputs)
             else:
                 model(inputs)
-        return True
-    except Exception:
-        return False
+        return None
+    except Exception as err:  # any failure of the user's forward
+        return f"{type(err).__name__}: {err}"
     finally:
         for m, mode in modes.items():
             m.training = mode
@@ -90,7 +114,7 @@ def example_from_batch(model: nn.Module, batch: Any, n: int = 2) -> Any:
     """
     small = head_samples(batch, n)
     for candidate in candidate_inputs(small):
-        if _runs(model, candidate):
+        if forward_error(model, candidate) is None:
             return candidate
     return None
 

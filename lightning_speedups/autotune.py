@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_speedups._autotune_cache import PlanCache, plan_key
 from lightning_speedups._autotune_trials import CANDIDATES, Choice, TrialContext
 from lightning_speedups._errors import SpeedupConfigError, check_range
-from lightning_speedups._inputs import first_batch
+from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups.optim import SpeedupMixin, scale_lr
 
 __all__ = ["TunePlan", "autotune", "list_candidates"]
@@ -174,7 +174,7 @@ def autotune(
     batch = first_batch(loader)  # the global RNG is left as it was; the loader object is not changed
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
     steps = _planned_steps(loader, trainer_kwargs)
-    shapes = [list(t.shape) for t in _flat(batch)]
+    shapes = [list(t.shape) for t in flat_tensors(batch)]
     key = plan_key(model, shapes, {"candidates": names, "margin": margin, "no_bf16": no_bf16, "device": str(device)})
     store = PlanCache(cache_dir) if cache else None
     cached = store.get(key) if store is not None else None
@@ -219,12 +219,6 @@ def autotune(
         store.put(key, {"settings": plain, "choices": [c.as_dict() for c in choices], "notes": ctx.notes})
     rank_zero_info(plan.to_text())
     return plan
-
-
-def _flat(batch: Any) -> list[torch.Tensor]:
-    from lightning_speedups._autotune_trials import _tensors
-
-    return _tensors(batch)
 
 
 def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict[str, Any], model: Any) -> TunePlan:

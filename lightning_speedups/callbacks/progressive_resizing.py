@@ -10,12 +10,18 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
 from lightning_speedups._compat import fit_train_dataloader
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups._inputs import candidate_inputs, example_from_batch, first_batch, head_samples
+from lightning_speedups._inputs import (
+    candidate_inputs,
+    example_from_batch,
+    first_batch,
+    flat_tensors,
+    forward_error,
+    head_samples,
+)
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._batch_hooks import after_batch_to_device
 from lightning_speedups.functional.progressive_resizing import (
@@ -141,7 +147,7 @@ class ProgressiveResizing(Callback):
             if batch is None:
                 return
         batch = move_data_to_device(batch, pl_module.device)
-        images = [t for t in _tensors(batch) if t.dim() == 4 and t.is_floating_point()]
+        images = [t for t in flat_tensors(batch) if t.dim() == 4 and t.is_floating_point()]
         if not images:
             raise SpeedupConfigError(
                 f"ProgressiveResizing: the training batches of `{type(pl_module).__name__}` hold no 4-D float image "
@@ -149,11 +155,13 @@ class ProgressiveResizing(Callback):
                 "ProgressiveResizing for this model."
             )
         small = resize_batch(batch, self.initial_scale, self.mode, self.size_increment, self.interpolation)
-        if example_from_batch(pl_module, batch) is None:
+        runs_full = example_from_batch(pl_module, batch)
+        if runs_full is None:
             return  # the full-size batch does not run through forward alone either: nothing to compare against
-        error = _forward_error(pl_module, small, batch)
+        same_form = [c for c in candidate_inputs(small) if type(c) is type(runs_full)][:1]
+        error = forward_error(pl_module, same_form[0]) if same_form else None
         if error is not None:
-            shape = tuple(next(t for t in _tensors(small) if t.dim() == 4).shape[-2:])
+            shape = tuple(next(t for t in flat_tensors(small) if t.dim() == 4).shape[-2:])
             raise SpeedupConfigError(
                 f"ProgressiveResizing: `{type(pl_module).__name__}` fails on {shape} inputs "
                 f"(`initial_scale`={self.initial_scale}): {error}. Allowed values: a model that accepts smaller "
@@ -169,7 +177,7 @@ class ProgressiveResizing(Callback):
         if self.mode == "crop":
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.global_step)
         out = resize_batch(batch, scale, self.mode, self.size_increment, self.interpolation, generator)
-        image = next((t for t in _tensors(out) if t.dim() == 4 and t.is_floating_point()), None)
+        image = next((t for t in flat_tensors(out) if t.dim() == 4 and t.is_floating_point()), None)
         if image is not None:
             key = f"{image.shape[-2]}x{image.shape[-1]}"
             self.sizes[key] = self.sizes.get(key, 0) + 1
@@ -198,12 +206,6 @@ class ProgressiveResizing(Callback):
         self.last_scale = float(state_dict.get("last_scale", 1.0))
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    apply_to_collection(batch, torch.Tensor, found.append)
-    return found
-
-
 register_technique(
     TechniqueInfo(
         name="progressive_resizing",
@@ -215,28 +217,3 @@ register_technique(
         example_kwargs={"initial_scale": 0.5},
     )
 )
-
-
-def _forward_error(pl_module: L.LightningModule, small: Any, full: Any) -> str | None:
-    """Why the model's forward fails on the resized batch (tried the way the full batch runs), or ``None``."""
-    runs_full = example_from_batch(pl_module, full)
-    for candidate in candidate_inputs(small):
-        if type(candidate) is not type(runs_full):
-            continue
-        modes = {m: m.training for m in pl_module.modules()}
-        pl_module.eval()
-        try:
-            with torch.no_grad():
-                if isinstance(candidate, dict):
-                    pl_module(**candidate)
-                elif isinstance(candidate, tuple):
-                    pl_module(*candidate)
-                else:
-                    pl_module(candidate)
-            return None
-        except Exception as err:  # any failure of the user's forward at the small size
-            return f"{type(err).__name__}: {err}"
-        finally:
-            for m, mode in modes.items():
-                m.training = mode
-    return None

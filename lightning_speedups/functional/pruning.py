@@ -17,6 +17,7 @@ from torch import nn
 
 from lightning_speedups._compat import GraphBudgetExceeded, tp_index_budget, tp_on_param_slice, tp_scope_channels
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
+from lightning_speedups._inputs import flat_tensors
 from lightning_speedups._rebuild import ParamOrigin
 from lightning_speedups._structure import ModuleSnapshot
 from lightning_speedups.functional._mask_pruning import UNSTRUCTURED_IMPORTANCES, mask_targets, prune_unstructured
@@ -325,17 +326,7 @@ def _output_shapes(model: nn.Module, example_inputs: Any) -> list[tuple[int, ...
             "values: an input the model's forward accepts (a tensor, a tuple of arguments or a dict of keyword "
             "arguments)."
         ) from err
-    return [tuple(t.shape) for t in _tensors(out)]
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in _tensors(v)]
-    return []
+    return [tuple(t.shape) for t in flat_tensors(out)]
 
 
 def _check_still_runs(model: nn.Module, example_inputs: Any, shapes_before: list[tuple[int, ...]]) -> None:
