@@ -1,6 +1,7 @@
 """lightning-speedups: Lightning callbacks and a LightningModule mixin that make training faster, measured."""
 
 from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
+from lightning_speedups._peak import PeakEstimate, device_peak_flops, estimate_cpu_peak_flops
 from lightning_speedups._registry import TechniqueInfo, get_technique, list_techniques, register_technique
 from lightning_speedups._structure import load_checkpoint
 
@@ -90,6 +91,10 @@ __all__ = [
     "SpeedupRuntimeError",
     # reload any checkpoint of a modified model (pruned, quantized) into a fresh one
     "load_checkpoint",
+    # peak FLOP/s of the device (utilisation = achieved / peak; an estimate on CPUs)
+    "PeakEstimate",
+    "device_peak_flops",
+    "estimate_cpu_peak_flops",
     # technique registry
     "TechniqueInfo",
     "get_technique",
