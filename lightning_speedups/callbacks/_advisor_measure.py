@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_speedups._peak import device_peak_flops
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import Measurements, OptimizerInfo
 from lightning_speedups.measure import cpu_model
@@ -21,11 +22,13 @@ __all__ = [
     "checksum",
     "fill_device_facts",
     "fill_loader_facts",
+    "fill_peak_flops",
     "first_float_tensor",
     "measure_effects",
     "memory_format_ok",
     "optimizer_infos",
     "process_rss",
+    "train_dtype",
 ]
 
 
@@ -69,8 +72,32 @@ def process_rss() -> int:
         return 0
 
 
+def train_dtype(precision: str) -> torch.dtype:
+    """The dtype the matmuls of a run in this Lightning ``precision`` run in (``"bf16-mixed"`` -> bfloat16)."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    if "16" in precision:
+        return torch.float16
+    return torch.float64 if "64" in precision else torch.float32
+
+
+def fill_peak_flops(m: Measurements, device: torch.device, notes: list[str]) -> None:
+    """The device's peak FLOP/s for the run's dtype: a datasheet peak on GPUs, an estimate on CPUs (said so)."""
+    est = device_peak_flops(device, train_dtype(m.precision))
+    m.peak_flops, m.peak_flops_estimated = est.flops, est.estimate and est.known
+    m.peak_flops_source = est.describe() if est.known else est.reason
+    if not est.known:
+        notes.append(f"device peak FLOP/s unknown ({est.reason}), so utilisation is not computed")
+    elif m.peak_flops_estimated:
+        notes.append(
+            "utilisation on a CPU is against an estimated peak (ISA x cores x clock): an upper bound that only large "
+            "matmuls approach, so compare runs with it rather than read it as a grade"
+        )
+
+
 def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_peak: int, notes: list[str]) -> None:
     """Device name, peak memory and headroom, bf16 / TF32 capability and the device's peak FLOP/s."""
+    fill_peak_flops(m, device, notes)
     if cuda:
         m.device_name = torch.cuda.get_device_name(device)
         m.memory_kind = "cuda"
@@ -81,11 +108,6 @@ def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_pea
         m.tf32_off = torch.cuda.get_device_capability(device) >= (8, 0) and (
             torch.get_float32_matmul_precision() == "highest"
         )
-        dtype = torch.bfloat16 if "bf16" in m.precision else torch.float16 if "16" in m.precision else torch.float32
-        from lightning.fabric.utilities.throughput import get_available_flops
-
-        peak = get_available_flops(device, dtype)
-        m.peak_flops = float(peak) if peak else None
         return
     m.device_name = cpu_model() if device.type == "cpu" else device.type
     m.memory_kind = "cpu_rss"
@@ -97,8 +119,6 @@ def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_pea
         m.memory_total_bytes, m.memory_available_bytes = int(vm.total), int(vm.available)
     except Exception:  # noqa: BLE001
         pass
-    if device.type == "cpu":
-        notes.append("device peak FLOP/s is unknown for CPUs, so utilisation is not computed")
 
 
 def fill_loader_facts(m: Measurements, loader: Any) -> None:

@@ -38,9 +38,9 @@ class SpeedAdvisor(Callback):
     Measures step time, the share of time waiting for data (previous ``on_train_batch_end`` -> next
     ``on_train_batch_start``) vs compute, samples/s, peak memory and headroom, precision vs hardware, FLOPs per
     batch (``FlopCounterMode`` on the last warm-up batch, so its overhead stays out of the timings) and utilisation
-    against the device's peak where Lightning's table knows it, plus model/optimizer checks (channels_last, fused
-    optimizer, frozen-but-updated and never-updated parameters, loader workers, batch size). Outside the window every
-    hook returns after one comparison.
+    against the device's peak (a datasheet peak on GPUs, an estimate from ISA x cores x clock on CPUs), plus
+    model/optimizer checks (channels_last, fused optimizer, frozen-but-updated and never-updated parameters, loader
+    workers, batch size). Outside the window every hook returns after one comparison.
 
     The report is printed on rank zero, kept as :attr:`report` (``to_dict()`` / ``to_json(path)``) and its headline
     numbers go to the trainer's loggers as ``advisor/*`` metrics.

@@ -24,7 +24,8 @@ class AdvisorThresholds:
         data_wait: share of step time spent outside the training step (waiting for data) that makes a run data-bound.
         data_wait_note: smaller share still worth a low-severity note when the loader has ``num_workers=0``.
         small_batch: batch sizes below this count as small.
-        low_utilisation: achieved / peak FLOP/s below this counts as an under-used device (where the peak is known).
+        low_utilisation: achieved / peak FLOP/s below this counts as an under-used device (where the peak is known;
+            on CPUs against an estimated peak).
         memory_pressure: peak memory above this fraction of the device's total is flagged.
         optimizer_share: optimizer-step share of compute above which a non-fused optimizer is flagged.
     """
@@ -61,7 +62,9 @@ class Measurements:
 
     ``compute_times`` span ``on_train_batch_start`` -> ``on_train_batch_end`` (forward, backward, optimizer step);
     ``data_waits`` span the previous ``on_train_batch_end`` -> this ``on_train_batch_start`` (fetching and collating
-    the batch, moving it to the device, loop overhead). Optional numbers are ``None`` when unknown.
+    the batch, moving it to the device, loop overhead). Optional numbers are ``None`` when unknown. ``peak_flops``
+    is a datasheet peak on GPUs and an estimate on CPUs (``peak_flops_estimated``); ``peak_flops_source`` says where
+    it comes from, or why it is unknown.
     """
 
     device_type: str = "cpu"
@@ -75,6 +78,8 @@ class Measurements:
     optimizer_times: list[float] = field(default_factory=list)
     flops_per_batch: int | None = None
     peak_flops: float | None = None
+    peak_flops_estimated: bool = False
+    peak_flops_source: str = ""
     peak_memory_bytes: int | None = None
     memory_total_bytes: int | None = None
     memory_available_bytes: int | None = None
@@ -146,7 +151,7 @@ class Measurements:
 
     @property
     def utilisation(self) -> float | None:
-        """Achieved / peak FLOP/s in the training step; ``None`` when the device's peak is unknown (CPUs)."""
+        """Achieved / peak FLOP/s in the training step (the peak is an estimate on CPUs); ``None`` when unknown."""
         a = self.achieved_flops
         return None if a is None or not self.peak_flops else a / self.peak_flops
 
@@ -176,6 +181,8 @@ class Measurements:
             "flops_per_batch": self.flops_per_batch,
             "achieved_flops": self.achieved_flops,
             "peak_flops": self.peak_flops,
+            "peak_flops_estimated": self.peak_flops_estimated,
+            "peak_flops_source": self.peak_flops_source,
             "utilisation": self.utilisation,
             "peak_memory_bytes": self.peak_memory_bytes,
             "memory_total_bytes": self.memory_total_bytes,

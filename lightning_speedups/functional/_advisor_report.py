@@ -51,11 +51,9 @@ class AdvisorReport:
                 + (f" | {s['samples_per_s']:.0f} samples/s, batch {s['batch_size']}" if s.get("samples_per_s") else "")
             )
         if s.get("flops_per_batch"):
-            util = s.get("utilisation")
             lines.append(
                 f"  {s['flops_per_batch'] / 1e9:.3f} GFLOP per batch (fwd+bwd) -> "
-                f"{(s.get('achieved_flops') or 0) / 1e9:.1f} GFLOP/s in the step; "
-                + (f"{util:.1%} of the device's peak" if util is not None else "device peak unknown (not in the table)")
+                f"{(s.get('achieved_flops') or 0) / 1e9:.1f} GFLOP/s in the step; " + _utilisation_text(s)
             )
         if s.get("peak_memory_bytes"):
             head = s.get("memory_headroom")
@@ -80,3 +78,13 @@ class AdvisorReport:
 
     def __str__(self) -> str:
         return self.to_text()
+
+
+def _utilisation_text(s: dict[str, Any]) -> str:
+    """``12.3% of the estimated CPU peak 333 GFLOP/s fp32 (AVX-512, ...; an estimate)``, or why it is unknown."""
+    util, source = s.get("utilisation"), s.get("peak_flops_source") or ""
+    if util is None:
+        return f"device peak unknown ({source or 'not in the table'})"
+    if s.get("peak_flops_estimated"):
+        return f"{util:.1%} of the {source or 'estimated peak'}"
+    return f"{util:.1%} of the device's {source or 'peak'}"

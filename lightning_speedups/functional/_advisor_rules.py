@@ -323,9 +323,12 @@ def unused_trainable_params(m: Measurements, th: AdvisorThresholds) -> Finding |
 # ---- utilisation, batch size, memory ---------------------------------------------------------------------------
 @advisor_rule
 def small_batch(m: Measurements, th: AdvisorThresholds) -> Finding | None:
-    """A small batch on an under-used device (or on a CPU, whose peak is unknown) with memory to spare."""
+    """A small batch on an under-used device (or on a CPU whose peak is unknown) with memory to spare.
+
+    Under an estimated (CPU) peak the score stays the unknown-peak one: the estimate is too rough to raise it."""
     util, head = m.utilisation, m.memory_headroom
     under_used = util is not None and util < th.low_utilisation
+    trusted = under_used and not m.peak_flops_estimated
     if not (
         m.batch_size is not None
         and m.batch_size < th.small_batch
@@ -334,9 +337,10 @@ def small_batch(m: Measurements, th: AdvisorThresholds) -> Finding | None:
         and not _has_callback(m, "ThroughputBatchSizeFinder")
     ):
         return None
-    score = m.compute_share * (0.2 if under_used else 0.1)
+    score = m.compute_share * (0.2 if trusted else 0.1)
+    peak = "the estimated CPU peak" if m.peak_flops_estimated else "peak"
     title = (
-        f"Small batch ({m.batch_size}) on an under-used device ({util:.1%} of peak FLOP/s)"
+        f"Small batch ({m.batch_size}) on an under-used device ({util:.1%} of {peak} FLOP/s)"
         if util is not None
         else f"Small batch ({m.batch_size}): per-step overhead may dominate (CPU peak FLOP/s unknown)"
     )

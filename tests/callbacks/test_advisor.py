@@ -123,7 +123,36 @@ def test_advisor_data_bound_fit(monkeypatch):
     logged = {k: v for d in logger.metrics for k, v in d.items()}
     assert logged["advisor/data_wait_share"] == pytest.approx(report.summary["data_wait_share"])
     assert logged["advisor/score/data_bound"] == pytest.approx(top.score)
-    assert "utilisation" in " ".join(report.notes)  # CPU peak unknown: said so
+    assert "utilisation" in " ".join(report.notes)  # CPU utilisation is against an estimated peak: said so
+
+
+def test_advisor_cpu_utilisation_against_estimated_peak(monkeypatch):
+    """On a CPU the report's utilisation is against the estimated peak for the run's dtype, labelled an estimate."""
+    import lightning_speedups.callbacks._advisor_measure as measure_mod
+    from lightning_speedups import estimate_cpu_peak_flops
+
+    asked = []
+
+    def peak(device, dtype):
+        asked.append((device.type, dtype))
+        return estimate_cpu_peak_flops(dtype, cores=2, ghz=2.45, flags="sse avx avx2 fma", vendor="AuthenticAMD")
+
+    monkeypatch.setattr(measure_mod, "device_peak_flops", peak)
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, measure_effects=False, verbose=False)
+    _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=3)
+    s = advisor.report.summary
+    assert asked == [("cpu", torch.float32)]
+    assert s["peak_flops"] == pytest.approx(156.8e9) and s["peak_flops_estimated"] is True
+    assert s["utilisation"] == pytest.approx(s["achieved_flops"] / 156.8e9)
+    text = advisor.report.to_text()
+    assert "of the estimated CPU peak 157 GFLOP/s fp32 (AVX2+FMA" in text and "an estimate)" in text
+    assert "device peak unknown" not in text and "estimated peak" in " ".join(advisor.report.notes)
+    # bf16-mixed asks for the bf16 peak: no bf16 units on this (mocked) AVX2 CPU, said so
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, measure_effects=False, verbose=False)
+    monkeypatch.setattr(advisor_mod.settings, "cpu_bf16_is_fast", lambda: True)
+    _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=3, precision="bf16-mixed")
+    assert asked[-1] == ("cpu", torch.bfloat16)
+    assert "no bf16 units: counted at the fp32 rate" in advisor.report.summary["peak_flops_source"]
 
 
 def test_advisor_compute_bound_fit(monkeypatch):

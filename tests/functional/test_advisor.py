@@ -136,6 +136,35 @@ def test_advisor_report_formats(tmp_path):
     assert "no findings" in empty.to_text()
 
 
+def test_advisor_report_cpu_utilisation_against_estimated_peak():
+    from lightning_speedups import estimate_cpu_peak_flops
+
+    est = estimate_cpu_peak_flops(cores=2, ghz=2.45, flags="sse avx avx2 fma", vendor="AuthenticAMD")  # 156.8 GFLOP/s
+    m = _m(0.1, 0.001, batch_size=32, flops_per_batch=int(6.9e9), peak_flops=est.flops,  # 69 GFLOP/s in the step
+           peak_flops_estimated=True, peak_flops_source=est.describe())  # fmt: skip
+    assert m.utilisation == pytest.approx(69e9 / 156.8e9)
+    s = m.summary()
+    assert s["peak_flops_estimated"] is True and s["peak_flops_source"] == est.describe()
+    line = next(x for x in AdvisorReport(s, []).to_text().splitlines() if "GFLOP/s in the step" in x)
+    assert line.endswith(
+        "69.0 GFLOP/s in the step; 44.0% of the estimated CPU peak 157 GFLOP/s fp32 "
+        "(AVX2+FMA, 32 FLOP/cycle/core x 2 cores x 2.45 GHz; an estimate)"
+    )
+    # under-used CPU (below `low_utilisation`) against an estimate: flagged, named an estimate, scored as before
+    m.flops_per_batch = int(1e9)
+    small = next(f for f in diagnose(m) if f.key == "small_batch")
+    assert "of the estimated CPU peak FLOP/s" in small.title
+    assert small.score == pytest.approx(m.compute_share * 0.1)
+    # a busy CPU (above `low_utilisation` of the estimate) is not called under-used
+    m.flops_per_batch = int(1.2e10)
+    assert "small_batch" not in _keys(diagnose(m))
+    # a datasheet peak (GPU) keeps its wording; an unknown one says why
+    gpu = _m(0.02, 0.0, flops_per_batch=int(1e12), peak_flops=989.4e12, peak_flops_source="peak 989 TFLOP/s bf16 (x)")
+    assert "5.1% of the device's peak 989 TFLOP/s bf16 (x)" in AdvisorReport(gpu.summary(), []).to_text()
+    none = _m(0.02, 0.0, flops_per_batch=int(1e9), peak_flops_source="no known vector ISA in the CPU flags")
+    assert "device peak unknown (no known vector ISA" in AdvisorReport(none.summary(), []).to_text()
+
+
 def test_advisor_micro_measurements():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 2))
     before = {k: v.clone() for k, v in model.state_dict().items()}
