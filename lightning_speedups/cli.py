@@ -33,6 +33,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("\nHardware:")
     print(f"  cpu            {machine['cpu']} ({machine['cpu_count']} cores, {machine['torch_threads']} torch threads)")
     print(f"  device         {machine['device']}")
+    for dtype in ("fp32", "bf16"):  # the denominators of the advisor's utilisation
+        print(f"  peak {dtype:<9} {ls.device_peak_flops('cpu', dtype).describe()}")
+    if machine["device"] != "cpu":
+        print(f"  gpu peak bf16  {ls.device_peak_flops('cuda', 'bf16').describe()}")
     print(f"  bf16 on cpu    training step {cpu_bf16_speed_ratio():.2f}x the speed of fp32 (measured now)")
     print("\nTrainer settings it would pick (trainer_settings()):")
     print("  " + explain_trainer_settings().explain().replace("\n", "\n  "))

@@ -30,8 +30,10 @@ def test_cli_console_script_installed():
 def test_cli_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    for needle in ("torch", "lightning", "Trainer settings", "accelerator", "precision", "Techniques"):
+    for needle in ("torch", "lightning", "Trainer settings", "accelerator", "precision", "Techniques", "peak fp32"):
         assert needle in out
+    peak = next(line for line in out.splitlines() if "peak fp32" in line)
+    assert "an estimate" in peak or "unknown" in peak  # the CPU peak is estimated (ISA x cores x clock) or says why not
 
 
 def test_cli_bench_only_json_and_plots(tmp_path, capsys):

@@ -73,15 +73,31 @@ def _hook_cost_s(calls: int = 20000) -> float:
     return (time.perf_counter() - t0) / calls
 
 
+def _utilisation_note(summary: dict[str, Any]) -> str:
+    """``baseline step 4.7 GFLOP/s = 1.4% of an estimated peak of 333 GFLOP/s`` (or why there is no utilisation)."""
+    achieved, util, peak = summary.get("achieved_flops"), summary.get("utilisation"), summary.get("peak_flops")
+    if achieved is None:
+        return "FLOPs not counted"
+    head = f"baseline step {achieved / 1e9:.1f} GFLOP/s"
+    if util is None or not peak:
+        return f"{head}, device peak unknown"
+    kind = "an estimated peak" if summary.get("peak_flops_estimated") else "the device's peak"
+    text = f"{peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.3g} GFLOP/s"
+    return f"{head} = {util:.1%} of {kind} of {text}"
+
+
 def run(quick: bool = True) -> list[BenchRow]:
     """Benchmark rows: the advisor's hook overhead outside its window, and each effect it measured on this machine.
 
-    The overhead row's ratio is ``step / (step + hook cost)`` (1.0 = free); the effect rows are the micro-measured
-    speedups (bf16 matmul, channels_last, fused optimizer step) that the report quotes, not end-to-end runs.
+    The overhead row's ratio is ``step / (step + hook cost)`` (1.0 = free); its note and ``extra`` also carry the
+    baseline step's achieved GFLOP/s and its utilisation against the device's peak (an estimate on CPUs). The effect
+    rows are the micro-measured speedups (bf16 matmul, channels_last, fused optimizer step) that the report quotes,
+    not end-to-end runs.
     """
     torch.manual_seed(0)
     report = run_advice(quick=quick, verbose=False)
-    step = report["summary"]["step_s"] or float("nan")
+    summary = report["summary"]
+    step = summary["step_s"] or float("nan")
     hook = median([_hook_cost_s() for _ in range(3)])
     rows = [
         BenchRow(
@@ -92,7 +108,15 @@ def run(quick: bool = True) -> list[BenchRow]:
             step + hook,
             step / (step + hook),
             unit="s",
-            note=f"{1e6 * hook:.2f} us of hook work per batch = {hook / step:.1e} of a baseline step",
+            note=f"{1e6 * hook:.2f} us of hook work per batch = {hook / step:.1e} of a baseline step; "
+            + _utilisation_note(summary),
+            extra={
+                "achieved_gflops": None if summary.get("achieved_flops") is None else summary["achieved_flops"] / 1e9,
+                "peak_gflops": None if summary.get("peak_flops") is None else summary["peak_flops"] / 1e9,
+                "utilisation": summary.get("utilisation"),
+                "peak_estimated": summary.get("peak_flops_estimated"),
+                "peak_source": summary.get("peak_flops_source"),
+            },
         )
     ]
     for f in report["findings"]:
