@@ -6,6 +6,7 @@ size of the sweep (measured interleaved in one process, plain training steps wit
 load (issue 15): a CPU-bound busy loop in another process, started and stopped here, while our finder runs N times
 (10 in full mode, 3 in quick) and Lightning's a few times; each choice is scored against the best size of an
 interleaved sweep under the same load (target: >= 0.9x in 9 of 10 runs, search time <= 0.25x of Lightning's).
+Search time is the finder call alone: the model, the data and the Trainer are built outside the timer on both sides.
 """
 
 from __future__ import annotations
@@ -83,21 +84,29 @@ def run(quick: bool = True) -> list[BenchRow]:
 
     found: dict[str, Any] = {}
 
-    def ours(**kw: Any) -> None:
-        model, dm = _task(size, classes)
-        found["ours"] = find_batch_size(_trainer(max_epochs=1), model, dm, verbose=False, progress_bar=False, **kw)
+    def ours(**kw: Any) -> float:
+        model, dm = _task(size, classes)  # building the task is not search time (on either side)
+        trainer = _trainer(max_epochs=1)
+        start = time.perf_counter()
+        found["ours"] = find_batch_size(trainer, model, dm, verbose=False, progress_bar=False, **kw)
+        return time.perf_counter() - start
 
-    def lightning(**kw: Any) -> None:
+    def lightning(**kw: Any) -> float:
         model, dm = _task(size, classes)
-        chosen = Tuner(_trainer(max_epochs=1, default_root_dir=_tmpdir())).scale_batch_size(
-            model, datamodule=dm, mode="power", **kw
-        )
+        tuner = Tuner(_trainer(max_epochs=1, default_root_dir=_tmpdir()))
+        start = time.perf_counter()
+        chosen = tuner.scale_batch_size(model, datamodule=dm, mode="power", **kw)
+        elapsed = time.perf_counter() - start
         found["lightning"] = int(chosen or dm.batch_size)
+        return elapsed
 
     # one small untimed run of each first: imports, allocator and first-op costs must not land on either side
     ours(max_val=32)
     lightning(max_trials=2)
-    times = interleaved_timings({"lightning": lightning, "ours": ours}, repeats=2 if quick else 3, warmup=0)
+    times: dict[str, list[float]] = {"lightning": [], "ours": []}
+    for _ in range(2 if quick else 3):  # interleaved, so machine noise reaches both alike
+        times["lightning"].append(lightning())
+        times["ours"].append(ours())
     t_pl, t_ours = median(times["lightning"]), median(times["ours"])
     result, pl_choice = found["ours"], found["lightning"]
 
@@ -171,18 +180,21 @@ def run_under_load(quick: bool = True, runs: int | None = None) -> list[BenchRow
     from lightning.pytorch.tuner import Tuner
 
     def ours() -> tuple[int, float, Any]:
-        model, dm = _task(size, classes)
+        model, dm = _task(size, classes)  # building the task is not search time (on either side)
+        trainer = _trainer(max_epochs=1)
         start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            r = find_batch_size(_trainer(max_epochs=1), model, dm, verbose=False, progress_bar=False)
+            r = find_batch_size(trainer, model, dm, verbose=False, progress_bar=False)
+        elapsed = time.perf_counter() - start
         untrusted = any("timing cannot be trusted" in str(w.message) for w in caught)
-        return r.chosen, time.perf_counter() - start, (r, untrusted)
+        return r.chosen, elapsed, (r, untrusted)
 
     def lightning() -> float:
         model, dm = _task(size, classes)
+        tuner = Tuner(_trainer(max_epochs=1, default_root_dir=_tmpdir()))
         start = time.perf_counter()
-        Tuner(_trainer(max_epochs=1, default_root_dir=_tmpdir())).scale_batch_size(model, datamodule=dm, mode="power")
+        tuner.scale_batch_size(model, datamodule=dm, mode="power")
         return time.perf_counter() - start
 
     chosen: list[int] = []

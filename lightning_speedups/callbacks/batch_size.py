@@ -68,7 +68,7 @@ class ThroughputBatchSizeFinder(Callback):
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         min_gain, patience, early_plateau, refine_steps, memory_budget, max_trials: see
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
-        confirm_rounds, confirm_top, search_time: the guard against timing noise and the time budget; see
+        confirm_rounds, confirm_top, search_time, confirm_budget: the guard against timing noise and the budgets; see
             :class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`.
         scale_lr: ``"linear"`` | ``"sqrt"`` | ``None``: rescale learning rates (optimizer groups, scheduler base
             lrs, a SpeedupMixin's ``optimizer_config.lr``) from the old batch size to the chosen one.
@@ -120,6 +120,7 @@ class ThroughputBatchSizeFinder(Callback):
         confirm_rounds: int = 3,
         confirm_top: int = 2,
         search_time: float | None = None,
+        confirm_budget: float | None = 2.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.config = BatchSizeSearchConfig(
@@ -127,6 +128,7 @@ class ThroughputBatchSizeFinder(Callback):
             warmup_steps=warmup_steps, trial_samples=trial_samples, trial_time=trial_time, min_gain=min_gain,
             patience=patience, early_plateau=early_plateau, refine_steps=refine_steps, memory_budget=memory_budget,
             max_trials=max_trials, confirm_rounds=confirm_rounds, confirm_top=confirm_top, search_time=search_time,
+            confirm_budget=confirm_budget,
         )
         if not callable(clock):
             raise SpeedupConfigError(f"`clock`={clock!r} is invalid. Allowed values: a callable returning seconds.")

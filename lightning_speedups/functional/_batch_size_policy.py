@@ -56,6 +56,7 @@ class Search:
         self._run, self.cfg = run, config
         self.by_size: dict[int, list[Any]] = {}
         self.spent_s = 0.0
+        self.extra_s = 0.0  # of spent_s: re-measurements (the climb's confirmations and the final check)
         self.decisions: list[dict[str, Any]] = []
         self.rounds: dict[tuple[int, ...], dict[str, list[float]]] = {}
         self.final: dict[str, Any] = {}
@@ -67,11 +68,33 @@ class Search:
         t = self._run(b, extra)
         self.by_size.setdefault(b, []).append(t)
         self.spent_s += trial_cost(t)
+        if extra:
+            self.extra_s += trial_cost(t)
         return t
 
     def time_left(self) -> float:
         """Seconds left of ``search_time`` (``inf`` without one)."""
         return math.inf if self.cfg.search_time is None else self.cfg.search_time - self.spent_s
+
+    def remeasure_left(self, final: bool) -> float:
+        """Seconds the next re-measurement may take, within ``search_time``. The final check (``final``) may also
+        take at most ``confirm_budget`` x the first-pass trials' time; the climb's confirmations are bounded by
+        ``confirm_rounds`` each and run only when cheaper than climbing on.
+        """
+        left = self.time_left()
+        if final and self.cfg.confirm_budget is not None:
+            left = min(left, self.cfg.confirm_budget * (self.spent_s - self.extra_s))
+        return left
+
+    def budget_words(self) -> str:
+        """The budgets in force, in the words of the config."""
+        words = []
+        if self.cfg.confirm_budget is not None:
+            words.append(f"`confirm_budget`={self.cfg.confirm_budget} x the first pass's "
+                         f"{self.spent_s - self.extra_s:.2f} s")
+        if self.cfg.search_time is not None:
+            words.append(f"`search_time`={self.cfg.search_time}")
+        return " and ".join(words) or "no budget"
 
     @property
     def guarded(self) -> bool:
@@ -100,7 +123,7 @@ class Search:
                     dof += len(logs) - 1
         return math.sqrt(squares / dof) if dof >= 4 else None
 
-    def _compare(self, sizes: list[int], max_rounds: int) -> Comparison | None:
+    def _compare(self, sizes: list[int], max_rounds: int, final: bool = False) -> Comparison | None:
         """Interleaved rounds of ``sizes`` through :func:`~lightning_speedups.measure.compare` (baseline: the
         smallest), continuing rounds already measured for the same sizes; ``None`` when ``search_time`` has no room
         for one more round."""
@@ -110,7 +133,8 @@ class Search:
         initial = self.rounds.get(key)
         done = len(next(iter(initial.values()))) if initial else 0
         round_cost = sum(trial_cost(self.by_size[b][-1]) for b in sizes)
-        if self.time_left() < round_cost:
+        budget = self.remeasure_left(final)
+        if budget < round_cost:
             return None
         start = self.spent_s
 
@@ -121,7 +145,7 @@ class Search:
             warnings.simplefilter("ignore")  # too few rounds is reported by the finder, in its own words
             cmp = compare(
                 {str(b): trial(b) for b in sizes}, str(sizes[0]), min_gain=self.cfg.min_gain,
-                budget_s=min(self.time_left(), 1e12), min_rounds=self.cfg.confirm_rounds,
+                budget_s=min(budget, 1e12), min_rounds=self.cfg.confirm_rounds,
                 max_rounds=max(done + 1, max_rounds), warmup=0,
                 confidence=self.cfg.confidence, prefer=[str(b) for b in sizes], clock=lambda: self.spent_s - start,
                 returns_time=True, seed=sizes[0], initial=initial,
@@ -190,11 +214,11 @@ class Search:
         ):
             self.note = f"{sizes} differ by more than 4 sigma of the measured step noise ({noise:.1%}): no re-check"
             return point
-        cmp = self._compare(sizes, 3 * self.cfg.confirm_rounds)
+        cmp = self._compare(sizes, 3 * self.cfg.confirm_rounds, final=True)
         if cmp is None or cmp.trials < self.cfg.confirm_rounds:
             got = 1 if cmp is None and len(sizes) == 2 else 0 if cmp is None else cmp.trials
             return self._untrusted(sizes[0], sizes, f"only {got} of {self.cfg.confirm_rounds} interleaved rounds "
-                                   f"fit in `search_time`={self.cfg.search_time}", cmp)
+                                   f"fit in {self.budget_words()}", cmp)
         if cmp.separated:
             chosen = int(cmp.winner)
             self.note = cmp.note or f"re-measured {sizes} interleaved: {chosen} separated from the rest"
@@ -222,7 +246,7 @@ class Search:
     def _untrusted(self, chosen: int, sizes: list[int], why: str, cmp: Comparison | None = None) -> int:
         self.trusted = False
         self.note = (f"timing cannot be trusted ({why}); kept the smallest near-best size {chosen} of {sizes}. "
-                     "HINT: raise `search_time` (or set None), or search on a quieter machine.")
+                     "HINT: raise `confirm_budget` or `search_time` (or set None), or search on a quieter machine.")
         if cmp is not None:
             self._record(cmp, sizes)
         warnings.warn(f"Batch-size search: {self.note}", stacklevel=3)

@@ -54,7 +54,7 @@ def noise_free_rate(curve: str, b: int) -> float:
 
 
 def within_10pct(curve: str, noise: str, confirm_rounds: int = 3, seeds: int = 100) -> int:
-    cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, confirm_rounds=confirm_rounds)
+    cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, confirm_rounds=confirm_rounds, confirm_budget=None)
     best = max(noise_free_rate(curve, b) for b in LADDER)
     good = 0
     for seed in range(seeds):
@@ -71,6 +71,48 @@ def within_10pct(curve: str, noise: str, confirm_rounds: int = 3, seeds: int = 1
 def test_batch_size_choice_holds_under_noise(curve, noise):
     # the chosen size's noise-free samples/s is within 10% of the noise-free best in at least 95 of 100 seeds
     assert within_10pct(curve, noise) >= 95
+
+
+@pytest.mark.parametrize("noise", list(NOISE))
+@pytest.mark.parametrize("curve", list(CURVES))
+def test_batch_size_default_confirm_budget_holds_under_noise(curve, noise):
+    # the default budget on the final re-measurement (2x the first pass) keeps >= 95 of 100 seeds within 10% of the
+    # best, costs no more simulated time than the unbounded search, and every choice it could not confirm is warned
+    best = max(noise_free_rate(curve, b) for b in LADDER)
+    good, spent = 0, {None: [], 2.0: []}
+    for seed in range(100):
+        for budget in (None, 2.0):
+            cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, confirm_budget=budget)
+            measure, clock = simulated(seed, curve, *NOISE[noise], cfg)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = search_batch_size(measure, cfg, LADDER)
+            spent[budget].append(clock())
+            assert result.trusted == (not any("timing cannot be trusted" in str(w.message) for w in caught))
+            if budget is not None:
+                good += noise_free_rate(curve, result.chosen) >= 0.9 * best
+                assert result.final.get("rounds", 0) <= 3 * cfg.confirm_rounds
+    assert good >= 95
+    assert sorted(spent[2.0])[50] <= sorted(spent[None])[50]
+
+
+def test_batch_size_confirm_budget_bounds_the_final_check():
+    # budget 0.5: the final check may take half the first pass; too few rounds fit -> warned, smaller size kept
+    cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, confirm_budget=0.5)
+    for seed in range(20):
+        measure, _clock = simulated(seed, "saturating", 0.3, 10**9, cfg)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = search_batch_size(measure, cfg, LADDER)
+        if not result.trusted:
+            break
+    else:
+        raise AssertionError("a budget of half the first pass never ran out under 30% noise")
+    message = next(str(w.message) for w in caught if "cannot be trusted" in str(w.message))
+    assert "`confirm_budget`=0.5 x the first pass's" in message and "HINT: raise `confirm_budget`" in message
+    assert result.chosen == min(result.final.get("sizes") or [result.chosen])
+    with pytest.raises(SpeedupConfigError, match=r"`confirm_budget`=0 is out of range.*HINT: a multiple of the first"):
+        BatchSizeSearchConfig(confirm_budget=0)
 
 
 def test_batch_size_single_trial_rule_fails_under_noise():
@@ -117,7 +159,7 @@ def test_batch_size_bad_time_budget_and_untrusted_timing():
     with pytest.raises(SpeedupConfigError, match="`confidence`=1.0 is out of range"):
         BatchSizeSearchConfig(confidence=1.0)
     # every trial eats the budget: the ladder stops, the final re-measurement does not fit -> warned, conservative
-    cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, search_time=0.6)
+    cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, search_time=0.6, confirm_budget=None)
     measure, _clock = simulated(1, "peaked", 0.3, 10**9, cfg)
     with pytest.warns(UserWarning, match="timing cannot be trusted.*interleaved rounds fit in `search_time`=0.6"):
         result = search_batch_size(measure, cfg, LADDER)
