@@ -150,7 +150,8 @@ def autotune(
         model: the LightningModule to tune (plain or :class:`SpeedupMixin`); its ``training_step`` is timed.
         datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
         candidates: a subset of :func:`list_candidates` (default: all).
-        budget_s: trial time; default 5% of the planned run (estimated from a first timed step).
+        budget_s: trial time; default 5% of the planned run (estimated from a first timed step, without data
+            time). A candidate whose share of the budget cannot fit one comparison is not tried (with a note).
         margin: a candidate must beat the current plan by this fraction beyond noise.
         cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``).
         no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
@@ -194,23 +195,40 @@ def autotune(
     ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
                        clock=clock, loader=loader, datamodule=dm)  # fmt: skip
     ctx.plan["no_bf16"] = no_bf16
-    if budget_s is None:  # 5% of the planned run, from one timed step of the unchanged model
-        from lightning_speedups._autotune_trials import make_step
+    from lightning_speedups._autotune_trials import make_step
 
-        one = make_step(ctx, ctx.plan)
-        one()
+    one = make_step(ctx, ctx.plan)
+    one()  # untimed: first-call costs
+    times = []
+    for _ in range(3):  # the median of three: one slow step on a busy machine must not size the budget
         t0 = clock()
         one()
-        budget_s = max(0.05 * steps * (clock() - t0), 1.0)
+        times.append(clock() - t0)
+    step_s = sorted(times)[1]
+    budget_given = budget_s
+    if budget_s is None:  # 5% of the planned run, from one timed step of the unchanged model (data time not counted)
+        budget_s = 0.05 * steps * step_s
     ctx.deadline = start + budget_s
+    # one comparison needs about (warm-up + 5 rounds) x 2 options of a step: below that a trial only spends time
+    need_s = 2 * (1 + 5) * step_s
     choices: list[Choice] = []
+    too_small: list[str] = []
     for i, name in enumerate(names):
-        if ctx.budget_left() <= 0:
-            ctx.notes.append(f"{name} not tried: the trial budget ({budget_s:.1f}s) is spent")
+        share = 1.0 / (len(names) - i)
+        if ctx.budget_left() * share < need_s and name != "compile":  # compile explains its own threshold
+            too_small.append(name)
             continue
-        choice = CANDIDATES[name](ctx, 1.0 / (len(names) - i))
+        choice = CANDIDATES[name](ctx, share)
         if choice is not None:
             choices.append(choice)
+    if too_small:
+        ctx.notes.insert(
+            0,
+            f"{', '.join(too_small)} not tried: each one's share of what was left of the trial budget ({budget_s:.2f}s"
+            + (f", 5% of a planned run of about {steps * step_s:.1f}s" if budget_given is None else "")
+            + f") is below the {need_s:.2f}s one comparison needs. HINT: pass a larger `budget_s`; the plan is "
+            "cached, so later runs skip the trials.",
+        )
     settings = {k: v for k, v in ctx.plan.items() if k != "no_bf16"}
     plan = _build(settings, choices, trainer_kwargs, model)
     plan.notes, plan.trial_s = ctx.notes, clock() - start

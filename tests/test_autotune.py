@@ -169,3 +169,23 @@ def test_autotune_bad_input():
     with pytest.raises(SpeedupConfigError, match="`budget_s`=-1 is out of range"):
         autotune(DemoClassifier(width=4), _loader(), budget_s=-1)
     assert list_candidates() == ["data", "precision", "channels_last", "batch_size", "optimizer", "compile"]
+
+
+def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monkeypatch):
+    # a planned run of 2 steps x 1 s: 5% is 0.1 s, less than one comparison (about 12 steps): nothing is tried, the
+    # note says why, and the trials cost only the 4 steps that sized the budget (no floor beyond the 5%)
+    machine = FakeMachine({"bf16-mixed": 0.5})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], cache=False,
+                    clock=machine.clock, max_epochs=1)  # fmt: skip
+    assert plan.choices == [] and machine.calls == 4
+    assert plan.trial_s == pytest.approx(4.0, rel=0.15)
+    assert "precision, channels_last not tried" in plan.notes[0]
+    assert "5% of a planned run of about 2.0s" in plan.notes[0] and "HINT: pass a larger `budget_s`" in plan.notes[0]
+    # the same run with a budget that fits: both are measured
+    machine = FakeMachine({"bf16-mixed": 0.5})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], cache=False,
+                    budget_s=200.0, clock=machine.clock, max_epochs=1)  # fmt: skip
+    assert [c.name for c in plan.choices] == ["precision", "channels_last"]
+    assert plan.choices[0].chosen == "bf16-mixed"
