@@ -64,3 +64,18 @@ def test_demo_misconfiguration():
         DemoClassifier(num_classes=1)
     with pytest.raises(SpeedupConfigError, match=r"`n`=0 is out of range. Allowed values: an integer >= 1"):
         ShapesDataset(n=0)
+
+
+def test_shapes_datamodule_noise():
+    from lightning_speedups import SpeedupConfigError
+    from lightning_speedups.demo import ShapesDataModule
+
+    quiet, noisy = ShapesDataModule(n_train=64, n_val=16), ShapesDataModule(n_train=64, n_val=16, noise=0.6)
+    quiet.setup("fit")
+    noisy.setup("fit")
+    assert torch.equal(quiet.train_labels, noisy.train_labels)  # same shapes, more pixel noise
+    spread = [(dm.train_images.float() - quiet.train_images.float()).abs().mean().item() for dm in (quiet, noisy)]
+    assert spread[0] == 0 and spread[1] > 20
+    assert noisy.hparams.noise == 0.6
+    with pytest.raises(SpeedupConfigError, match=r"`noise`=-0.1 is out of range.*HINT: the pixel noise"):
+        ShapesDataModule(noise=-0.1)

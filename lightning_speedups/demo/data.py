@@ -216,16 +216,27 @@ class ShapesDataset(TensorDataset):
 
 
 class ShapesDataModule(L.LightningDataModule):
-    """The generated shapes with per-sample torchvision transforms (pad-4 random crop + flip), like CIFAR training."""
+    """The generated shapes with per-sample torchvision transforms (pad-4 random crop + flip), like CIFAR training.
+
+    ``noise`` is the standard deviation of the Gaussian pixel noise (on the 0-1 scale): at the default 0.08 a small
+    CNN is near 100% after one epoch; at 0.5 the shapes are hard to tell apart and accuracy climbs for several epochs.
+    """
 
     def __init__(
-        self, n_train: int = 4096, n_val: int = 1024, batch_size: int = 64, num_workers: int = 0, seed: int = 0
+        self,
+        n_train: int = 4096,
+        n_val: int = 1024,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        seed: int = 0,
+        noise: float = 0.08,
     ) -> None:
         super().__init__()
         check_int("batch_size", batch_size, 1)
+        check_range("noise", noise, 0.0, None, hint="the pixel noise's standard deviation on the 0-1 scale, e.g. 0.08")
         self.save_hyperparameters()
         self.batch_size, self.num_workers = batch_size, num_workers
-        self.n_train, self.n_val, self.seed = n_train, n_val, seed
+        self.n_train, self.n_val, self.seed, self.noise = n_train, n_val, seed, float(noise)
         self.num_classes = 10
 
     def transforms(self, train: bool) -> v2.Transform:
@@ -234,8 +245,8 @@ class ShapesDataModule(L.LightningDataModule):
         return v2.Compose(steps)
 
     def setup(self, stage: str | None = None) -> None:
-        train = ShapesDataset(self.n_train, seed=self.seed)
-        val = ShapesDataset(self.n_val, seed=self.seed + 1)
+        train = ShapesDataset(self.n_train, seed=self.seed, noise=self.noise)
+        val = ShapesDataset(self.n_val, seed=self.seed + 1, noise=self.noise)
         self.train_images, self.train_labels = train.images, train.labels
         self.val_images, self.val_labels = val.images, val.labels
         self.train_set = _TransformDataset(train.images, train.labels, self.transforms(True))
