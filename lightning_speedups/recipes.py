@@ -23,6 +23,7 @@ from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
 from lightning_speedups._measure_ratio import describe_ratio
+from lightning_speedups._recipe_probe import cached_probe, measure_cpu_layout_and_precision
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 from lightning_speedups.data import BatchAugment, DeviceDataLoader
@@ -37,6 +38,7 @@ __all__ = [
     "fast_finetune",
     "get_recipe",
     "list_recipes",
+    "measure_cpu_layout_and_precision",
 ]
 
 
@@ -53,6 +55,7 @@ class Recipe:
     optimizer_config: OptimizerConfig | None = None
     scheduler_config: SchedulerConfig | None = None
     notes: list[str] = field(default_factory=list)
+    probe_s: float = 0.0  # seconds spent measuring layout / precision on this machine (0 when cached or not needed)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.callbacks, self.trainer_kwargs))
@@ -184,47 +187,6 @@ def device_datamodule(
     return _OnDevice()
 
 
-def measure_cpu_layout_and_precision(
-    model: nn.Module, example: torch.Tensor, batch_size: int = 64, repeats: int = 3, margin: float = 1.1,
-    budget_s: float = 5.0, clock: Any = None,
-) -> tuple[bool, str, dict[str, float]]:
-    """Time a training step of copies of ``model`` on this CPU in fp32 / channels_last / bf16 / both; pick the best.
-
-    Returns ``(channels_last, precision, {candidate: times faster than fp32 NCHW})``. The candidates run interleaved
-    through :func:`lightning_speedups.measure.compare` (at least ``repeats`` shuffled rounds, more until every
-    interval clears or misses ``margin``, at most ``budget_s`` seconds; ``clock`` is injectable). A candidate is chosen
-    only when it is clearly ``margin`` faster than fp32 NCHW; within noise the conservative fp32 / NCHW stays. The
-    ratios are :class:`~lightning_speedups._measure_ratio.MeasuredRatio` values (conservative, with their median,
-    interval and rounds). About a second or two for a small CNN; the user's model is not touched. On a Xeon with AMX,
-    bf16 + channels_last measured 2-3x faster for the demo CNN; on CPUs without bf16 units bf16 is ~10x slower, and
-    channels_last helps some CPUs and not others: hence measure, not assume.
-    """
-    import time
-
-    from lightning_speedups._measure_ratio import MeasuredRatio, conservative_ratio
-    from lightning_speedups.measure import compare, make_train_step, model_copy
-
-    x = example.expand(batch_size, *example.shape[1:]).contiguous()
-    y = torch.zeros(batch_size, dtype=torch.long)
-    candidates = {}
-    for cl, bf16 in ((False, False), (True, False), (False, True), (True, True)):
-        if cl and x.dim() != 4:
-            continue
-        m = model_copy(model).cpu()
-        xi = x.contiguous(memory_format=torch.channels_last) if cl else x
-        if cl:
-            m = m.to(memory_format=torch.channels_last)
-        name = ("channels_last" if cl else "nchw") + ("+bf16" if bf16 else "+fp32")
-        candidates[name] = make_train_step(m, xi, y, autocast_dtype=torch.bfloat16 if bf16 else None)
-    conservative_first = ["nchw+fp32", "channels_last+fp32", "nchw+bf16", "channels_last+bf16"]
-    cmp = compare(candidates, "nchw+fp32", min_gain=margin - 1.0, budget_s=budget_s, min_rounds=max(2, repeats),
-                  prefer=conservative_first, clock=clock or time.perf_counter)
-    ratios: dict[str, float] = {"nchw+fp32": MeasuredRatio(1.0)}
-    ratios.update({k: MeasuredRatio(conservative_ratio(cmp, k), cmp, k) for k in cmp.ratios})
-    best = cmp.winner
-    return best.startswith("channels_last"), "bf16-mixed" if best.endswith("bf16") else "32-true", ratios
-
-
 def _common(
     name: str,
     model: nn.Module | None,
@@ -235,17 +197,27 @@ def _common(
     precision: str,
     extra: list[L.Callback],
     trainer_overrides: dict[str, Any],
+    cache: bool = True,
+    cache_dir: Any = None,
 ) -> Recipe:
     check_choice("channels_last", channels_last, (True, False, "auto"))
     check_choice("compile", compile, (True, False))
+    check_choice("cache", cache, (True, False))
     callbacks: list[L.Callback] = [SpeedFlags(verbose=False), *extra]
     notes: list[str] = []
+    probe_s = 0.0
     example = getattr(model, "example_input_array", None)
     cpu_run = not torch.cuda.is_available() or trainer_overrides.get("accelerator") == "cpu"
     if cpu_run and model is not None and isinstance(example, torch.Tensor) and "auto" in (channels_last, precision):
-        measured_cl, measured_precision, ratios = measure_cpu_layout_and_precision(model, example)
-        notes.append("measured on this CPU (vs nchw+fp32, the conservative end of each interval): " + "; ".join(
-            f"{k} {v:.2f}x" + (f" ({describe_ratio(v)})" if describe_ratio(v) else "") for k, v in ratios.items()))
+        # a precision given by the caller is not re-measured: only the layout is, at that precision
+        precisions = ("32-true", "bf16-mixed") if precision == "auto" else (
+            ("bf16-mixed",) if precision in ("bf16-mixed", "bf16") else ("32-true",))
+        measured_cl, measured_precision, ratios, probe_s, hit = cached_probe(model, example, precisions, cache,
+                                                                             cache_dir)  # fmt: skip
+        notes.append(("cached measurement" if hit else "measured")
+                     + f" on this CPU (vs {next(iter(ratios))}, the conservative end of each interval): "
+                     + "; ".join(f"{k} {v:.2f}x" + (f" ({describe_ratio(v)})" if describe_ratio(v) else "")
+                                 for k, v in ratios.items()))  # fmt: skip
         channels_last = measured_cl if channels_last == "auto" else channels_last
         precision = measured_precision if precision == "auto" else precision
     if channels_last == "auto":  # on GPUs NHWC feeds the tensor cores of convolutions
@@ -262,7 +234,7 @@ def _common(
     kwargs = trainer_settings(precision=precision, max_epochs=max_epochs, **trainer_overrides)
     optimizer = OptimizerConfig("adamw", lr=lr, weight_decay=5e-4)
     scheduler = SchedulerConfig("onecycle", pct_start=0.2)
-    return Recipe(name, callbacks, kwargs, optimizer, scheduler, notes + conflict_notes)
+    return Recipe(name, callbacks, kwargs, optimizer, scheduler, notes + conflict_notes, probe_s)
 
 
 def fast_train(
@@ -273,11 +245,18 @@ def fast_train(
     compile: bool = False,
     precision: str = "auto",
     callbacks: Sequence[L.Callback] = (),
+    ema: float | None = 0.99,
+    cache: bool = True,
+    cache_dir: Any = None,
     **trainer_overrides: Any,
 ) -> Recipe:
-    """Training from scratch, fast: AdamW + OneCycle (per step), trainer settings for this hardware, speed flags,
-    channels_last where it helps (GPU + convolutions), optional ``torch.compile``; pair it with
+    """Training from scratch, fast: AdamW + OneCycle (per step), an EMA of the weights, trainer settings for this
+    hardware, speed flags, channels_last where it helps, optional ``torch.compile``; pair it with
     :func:`device_datamodule` (data on the device, batch augmentation) and a larger batch.
+
+    The EMA (:class:`~lightning_speedups.callbacks.ema.EMA`, validated and checkpointed with the averaged weights)
+    is in the recipe because it reached the target sooner on both bench tasks against the recipe's own OneCycle
+    schedule: the averaged weights are good while the learning rate is still high.
 
     Args:
         model: the model (used to check conflicts, e.g. channels_last without convolutions).
@@ -288,11 +267,20 @@ def fast_train(
         compile: add :class:`TorchCompile` (worth it for long runs; compiling costs tens of seconds).
         precision: passed to :func:`trainer_settings`; "auto" on CPU measures bf16 on a copy of ``model``.
         callbacks: more callbacks to compose (conflicts are checked).
+        ema: the EMA's decay per step (``warmup=True``), or ``None`` for no EMA.
+        cache: keep the CPU layout/precision measurement in the plan cache (``cache_dir``, default
+            ``~/.cache/lightning_speedups``), so the next recipe for the same model and machine skips it; the seconds
+            spent are in ``Recipe.probe_s``.
         **trainer_overrides: other Trainer arguments.
     """
-    return _common(
-        "fast_train", model, max_epochs, lr, channels_last, compile, precision, list(callbacks), trainer_overrides
-    )
+    extra = list(callbacks)
+    if ema is not None:
+        from lightning_speedups.callbacks.ema import EMA
+
+        if not any(isinstance(cb, EMA) for cb in extra):
+            extra.append(EMA(decay=ema, warmup=True))
+    return _common("fast_train", model, max_epochs, lr, channels_last, compile, precision, extra, trainer_overrides,
+                   cache, cache_dir)  # fmt: skip
 
 
 def fast_finetune(

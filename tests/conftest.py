@@ -18,6 +18,8 @@ def _isolate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # Lightning stores the DDP port it picked in os.environ; a later DDP test reusing it can hit a port still in use
     monkeypatch.delenv("MASTER_PORT", raising=False)
+    # recipes and autotune cache what they measured: per test, never in the user's ~/.cache
+    monkeypatch.setenv("LIGHTNING_SPEEDUPS_CACHE", str(tmp_path / ".ls_cache"))
     L.seed_everything(0, workers=True, verbose=False)
     yield
 

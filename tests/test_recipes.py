@@ -102,3 +102,45 @@ def test_recipe_rejects_bad_switches():
         fast_train(channels_last="maybe")
     with pytest.raises(SpeedupConfigError, match="`compile`='yes' is not supported"):
         fast_train(compile="yes")
+
+
+def test_fast_train_probe_is_cached_and_timed(monkeypatch, tmp_path):
+    # the CPU layout/precision probe runs once per model and machine: the second recipe reads the cache (no timing),
+    # reports the seconds the first one spent, and a caller's precision limits the probe to the layout
+    from lightning_speedups import _recipe_probe
+
+    calls = []
+
+    def fake_probe(model, example, precisions=("32-true", "bf16-mixed"), **kw):
+        calls.append(tuple(precisions))
+        return True, precisions[-1], {"nchw+fp32": 1.0, "channels_last+fp32": 1.3}
+
+    monkeypatch.setattr(_recipe_probe, "measure_cpu_layout_and_precision", fake_probe)
+    kw = dict(model=DemoClassifier(width=4), max_epochs=1, accelerator="cpu", cache_dir=tmp_path)
+    first = fast_train(**kw)
+    second = fast_train(**kw)
+    assert calls == [("32-true", "bf16-mixed")]
+    assert first.probe_s > 0 and first.notes[0].startswith("measured on this CPU")
+    assert second.notes[0].startswith("cached measurement on this CPU")
+    assert "channels_last+fp32 1.30x" in second.notes[0]
+    assert [type(c).__name__ for c in second.callbacks] == [type(c).__name__ for c in first.callbacks]
+    assert "ChannelsLast" in [type(c).__name__ for c in second.callbacks]
+    assert second.trainer_kwargs["precision"] == first.trainer_kwargs["precision"] == "bf16-mixed"
+    fast_train(**kw, precision="32-true")
+    assert calls[-1] == ("32-true",)
+    fast_train(**{**kw, "cache": False})
+    assert len(calls) == 3
+    with pytest.raises(SpeedupConfigError, match="`cache`='yes'"):
+        fast_train(**{**kw, "cache": "yes"})
+
+
+def test_fast_train_adds_one_ema():
+    from lightning_speedups.callbacks.ema import EMA
+
+    recipe = fast_train(model=DemoClassifier(width=4), channels_last=False, precision="32-true")
+    assert [cb.decay for cb in recipe.callbacks if isinstance(cb, EMA)] == [0.99]
+    mine = EMA(decay=0.9)
+    recipe = fast_train(model=DemoClassifier(width=4), channels_last=False, precision="32-true", callbacks=[mine])
+    assert [cb for cb in recipe.callbacks if isinstance(cb, EMA)] == [mine]
+    recipe = fast_train(model=DemoClassifier(width=4), channels_last=False, precision="32-true", ema=None)
+    assert not any(isinstance(cb, EMA) for cb in recipe.callbacks)
