@@ -75,7 +75,8 @@ def _time_to_target_row(quick: bool) -> BenchRow:
     elif not math.isfinite(base):
         note = f"constant Adam did not reach {target:.0%} in {epochs} epochs; OneCycle SGD did"
     else:
-        note = "no speedup" if ratio <= 1.0 else f"OneCycle SGD reaches {target:.0%} val acc sooner"
+        # within 5% is "no speedup" (the table's verdict); only a clear gain is called sooner
+        note = f"OneCycle SGD reaches {target:.0%} val acc sooner" if ratio >= 1.05 else ""
     return BenchRow(
         technique="optim",
         variant="adam_const_vs_sgd_onecycle",
@@ -120,7 +121,7 @@ def _fused_row(quick: bool) -> BenchRow:
         candidate=median(times["fused"]) / steps * 1e3,
         ratio=ratio,
         unit="ms/step",
-        note="no speedup" if ratio <= 1.0 else "fused kernel faster",
+        note="fused kernel faster" if ratio >= 1.05 else "",
     )
 
 

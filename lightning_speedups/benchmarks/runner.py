@@ -112,7 +112,8 @@ def _table_rows(rows: Iterable[BenchRow]) -> list[list[str]]:
     out = []
     for r in rows:
         reached = r.ratio == r.ratio and r.ratio > 0  # nan or 0: a target was not reached (the note says which)
-        verdict = "" if not reached else "no speedup" if r.ratio < 1.05 else ""
+        # below 1.05x: "no speedup", once (a note that already says so is not repeated)
+        verdict = "no speedup" if reached and r.ratio < 1.05 and "no speedup" not in r.note else ""
         out.append(
             [
                 r.technique,
