@@ -393,7 +393,7 @@ register_technique(
         callback=None,
         functional=trainer_settings,
         summary="accelerator/devices/DDP/precision picked for this hardware, with reasons; bench: bf16 vs fp32",
-        mission_tip="1 parallel/distributed training, 9 hardware and precision",
+        mission_tip="1, 9",
         bench="lightning_speedups.benchmarks.precision:run",
     )
 )

@@ -20,14 +20,6 @@ from lightning_speedups import get_technique, list_techniques
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lightning_speedups"
 
-# registrations that live in files whose owners have not moved them to the one mission_tip format yet; each entry
-# is a strict xfail, so it fails (XPASS) as soon as the registration is fixed: then delete the entry
-_MISSION_TIP_PENDING = {
-    "trainer_settings": "lightning_speedups/settings.py",
-    "batch_size_finder": "lightning_speedups/callbacks/batch_size.py",
-}
-
-
 @lru_cache(maxsize=1)
 def _test_sources() -> dict[str, str]:
     return {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "tests").rglob("test_*.py"))}
@@ -93,20 +85,7 @@ def test_notebooks_are_numbered_and_unique() -> None:
     assert not bad and not dupes, f"notebooks must be NN_name.ipynb with unique NN: bad names {bad}, repeated {dupes}"
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True, reason=f"registration in {_MISSION_TIP_PENDING[n]} not yet in the one format"
-            ),
-        )
-        if n in _MISSION_TIP_PENDING
-        else n
-        for n in list_techniques()
-    ],
-)
+@pytest.mark.parametrize("name", list_techniques())
 def test_mission_tip_format(name: str) -> None:
     """``mission_tip`` holds the tip numbers only, ascending, ``", "``-separated ("4", "3, 6"); words go in summary."""
     tip = get_technique(name).mission_tip
