@@ -16,6 +16,7 @@ from lightning_speedups.measure import interleaved_timings, machine_info, make_t
 __all__ = [
     "BenchRow",
     "TimeToTarget",
+    "TrainClock",
     "interleaved_timings",
     "machine_info",
     "make_train_step",
@@ -84,3 +85,34 @@ class TimeToTarget(L.Callback):
         if acc >= self.target and self.reached_at is None:
             self.reached_at = self.curve[-1][0]
             trainer.should_stop = self.stop
+
+
+class TrainClock(TimeToTarget):
+    """:class:`TimeToTarget` on training time: the clock is paused while validation runs.
+
+    Also keeps the process CPU time to the target (``cpu_reached_at``): on a machine shared with other jobs, wall
+    time includes waiting for a core, CPU time does not (with one torch thread the two agree on an idle machine).
+    """
+
+    _val_t0 = _val_c0 = 0.0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        self.cpu_start = time.process_time()
+        self.cpu_reached_at: float | None = None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_t0, self._val_c0 = time.perf_counter(), time.process_time()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start += time.perf_counter() - self._val_t0  # validation so far is not training time
+        self.cpu_start += time.process_time() - self._val_c0
+        before = self.reached_at
+        super().on_validation_epoch_end(trainer, pl_module)
+        if before is None and self.reached_at is not None:
+            self.cpu_reached_at = time.process_time() - self.cpu_start
+        self._val_t0, self._val_c0 = time.perf_counter(), time.process_time()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start += time.perf_counter() - self._val_t0
+        self.cpu_start += time.process_time() - self._val_c0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 import lightning as L
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
-from lightning_speedups.benchmarks._common import BenchRow, TimeToTarget
+from lightning_speedups.benchmarks._common import BenchRow, TrainClock
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
@@ -93,42 +92,11 @@ def _tasks(quick: bool) -> list[_Task]:
     ]
 
 
-class _TrainClock(TimeToTarget):
-    """:class:`TimeToTarget` on training time: the clock is paused while validation runs.
-
-    Also keeps the process CPU time to the target (``cpu_reached_at``): on a machine shared with other jobs, wall
-    time includes waiting for a core, CPU time does not (with one torch thread the two agree on an idle machine).
-    """
-
-    _val_t0 = _val_c0 = 0.0
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_fit_start(trainer, pl_module)
-        self.cpu_start = time.process_time()
-        self.cpu_reached_at: float | None = None
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_t0, self._val_c0 = time.perf_counter(), time.process_time()
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start += time.perf_counter() - self._val_t0  # validation so far is not training time
-        self.cpu_start += time.process_time() - self._val_c0
-        before = self.reached_at
-        super().on_validation_epoch_end(trainer, pl_module)
-        if before is None and self.reached_at is not None:
-            self.cpu_reached_at = time.process_time() - self.cpu_start
-        self._val_t0, self._val_c0 = time.perf_counter(), time.process_time()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start += time.perf_counter() - self._val_t0
-        self.cpu_start += time.process_time() - self._val_c0
-
-
-def train_once(task: _Task, method: str | None, seed: int, target: float, stop: bool) -> _TrainClock:
+def train_once(task: _Task, method: str | None, seed: int, target: float, stop: bool) -> TrainClock:
     """Train the baseline (``method=None``) or baseline + ``METHODS[method]`` once; the recorder holds the curve."""
     L.seed_everything(seed, verbose=False)
     model = DemoClassifier(width=task.width, optimizer_config=OptimizerConfig("adam", lr=LR))
-    clock = _TrainClock(target, stop=stop)
+    clock = TrainClock(target, stop=stop)
     callbacks = [*(METHODS[method]() if method else []), clock]
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_epochs=task.epochs, val_check_interval=0.5, logger=False,
@@ -139,7 +107,7 @@ def train_once(task: _Task, method: str | None, seed: int, target: float, stop: 
     return clock
 
 
-def _reached(recs: Sequence[_TrainClock], cpu: bool = False) -> list[float]:
+def _reached(recs: Sequence[TrainClock], cpu: bool = False) -> list[float]:
     times = [r.cpu_reached_at if cpu else r.reached_at for r in recs]
     return [t if t is not None else math.inf for t in times]
 
@@ -148,11 +116,11 @@ def _ratio(base: float, cand: float) -> float:
     return base / cand if math.isfinite(base) and math.isfinite(cand) else float("nan")
 
 
-def _epochs_to_target(rec: _TrainClock, target: float) -> float | None:
+def _epochs_to_target(rec: TrainClock, target: float) -> float | None:
     return next(((i + 1) / 2 for i, acc in enumerate(rec.accs) if acc >= target), None)  # validated every 1/2 epoch
 
 
-def _row(task: _Task, method: str, target: float, base: list[_TrainClock], cand: list[_TrainClock]) -> BenchRow:
+def _row(task: _Task, method: str, target: float, base: list[TrainClock], cand: list[TrainClock]) -> BenchRow:
     t_base, t_cand = median(_reached(base)), median(_reached(cand))
     ratio = _ratio(t_base, t_cand)
     cpu_ratio = _ratio(median(_reached(base, cpu=True)), median(_reached(cand, cpu=True)))
@@ -227,7 +195,7 @@ def compare(
         warnings.simplefilter("ignore")
         for task in selected:
             goal = target if target is not None else task.target
-            results: dict[str | None, list[_TrainClock]] = {None: [], **{m: [] for m in methods}}
+            results: dict[str | None, list[TrainClock]] = {None: [], **{m: [] for m in methods}}
             for seed in range(repeats):  # A B C A B C: noise reaches every variant alike
                 for method in results:
                     results[method].append(train_once(task, method, seed, goal, stop=quick))
