@@ -208,17 +208,26 @@ def write_plots(directory: str | Path, rows: Sequence[BenchRow]) -> list[Path]:
 
 
 def _bars(plt: Any, path: Path, rows: Sequence[BenchRow], title: str) -> Path:
-    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.35 * len(rows) + 1)))
-    labels = [f"{r.technique}: {r.variant}" for r in rows]
+    import textwrap
+
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.55 * len(rows) + 1.2)))
+    labels = ["\n".join(textwrap.wrap(f"{r.technique}: {r.variant}", 48)) for r in rows]
     ratios = [r.ratio if r.ratio == r.ratio else 0.0 for r in rows]
     lo = [max(x - r.extra.get("ratio_min", x), 0.0) for r, x in zip(rows, ratios)]
     hi = [max(r.extra.get("ratio_max", x) - x, 0.0) for r, x in zip(rows, ratios)]
-    ax.barh(labels, [max(x, 1e-3) for x in ratios], xerr=[lo, hi],
+    ax.barh(range(len(rows)), [max(x, 1e-3) for x in ratios], xerr=[lo, hi], capsize=3,
             color=["tab:green" if x >= 1.05 else "tab:gray" for x in ratios])  # fmt: skip
+    for i, x in enumerate(ratios):  # the median, written at the bar's end
+        ax.text(max(x, 1e-3) * 1.03, i - 0.25, f"{x:.2f}x" if x > 0 else "not reached", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
-    ax.set_xlabel("times faster than baseline (same run, medians)")
-    ax.set_title(title, fontsize=9)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+    ax.set_xlabel("times faster than the baseline (same run; median, bars: min-max over runs)")
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
