@@ -242,6 +242,15 @@ def reload_train_dataloader(trainer: Any) -> None:
         _set_sampler_epoch(dl, loop.epoch_progress.current.processed)
 
 
+def train_dataloader_built(trainer: Any) -> bool:
+    """Whether the fit loop already holds its training dataloader (another callback ran a trial fit loop in
+    ``on_fit_start``, e.g. an LR finder), so a batch-size change made now would not reach it without a rebuild.
+
+    Relies on: ``fit_loop._combined_loader`` (2.6), ``None`` until ``fit_loop.setup_data()`` builds it.
+    """
+    return getattr(trainer.fit_loop, "_combined_loader", None) is not None
+
+
 def no_gradient_sync(strategy: Any) -> Any:
     """A context manager in which backward passes do not all-reduce gradients across ranks (DDP ``no_sync``).
 

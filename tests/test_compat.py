@@ -151,6 +151,15 @@ def test_reload_train_dataloader() -> None:
            f"the epoch did not train on the rebuilt loader: {probe.sizes}")
 
 
+def test_train_dataloader_built() -> None:
+    before = _Probe("on_fit_start", lambda t, m: _call(_compat.train_dataloader_built, t))
+    _fit(before, _TinyData())
+    _check(before.out is False, "train_dataloader_built", "the fit loop holds a train loader before it built one")
+    during = _Probe("on_train_batch_start", lambda t, m, b: _call(_compat.train_dataloader_built, t))
+    _fit(during, _TinyData())
+    _check(during.out is True, "train_dataloader_built", "the fit loop's built train loader was not seen")
+
+
 def test_no_gradient_sync() -> None:
     from lightning.pytorch.loops import utilities
 

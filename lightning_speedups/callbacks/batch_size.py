@@ -21,6 +21,7 @@ from lightning_speedups._compat import (
     replace_training_results,
     restore_training_results,
     set_fit_train_loader,
+    train_dataloader_built,
     tuner_exit,
 )
 from lightning_speedups._errors import SpeedupConfigError, check_choice
@@ -259,10 +260,12 @@ class ThroughputBatchSizeFinder(Callback):
         if self.result is not None:
             # resumed (or a second fit): reuse the stored choice instead of searching again
             self._apply(trainer, pl_module, self.result, fresh=False)
-            return
-        self.search(trainer, pl_module)
-        if self.exit_after_search:
-            raise tuner_exit()
+        else:
+            self.search(trainer, pl_module)
+            if self.exit_after_search:
+                raise tuner_exit()
+        if train_dataloader_built(trainer):  # an earlier callback's trial loop built it at the old size: rebuild
+            reload_train_dataloader(trainer)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch

@@ -176,14 +176,10 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
 
 
 # cells that do not conform yet, each with its reason (shown as xfail, not hidden: make_table.py prints "fails")
-KNOWN_ISSUES: dict[tuple[str, str], str] = {
-    **{(a, "batch_size_finder+lr_finder"): "with LRFinder in the same fit, the batch size the finder chose is not "
-       "used until a resume" for a in ("resnet18", "vit", "bert", "resnet18_mixin")},
-}
-
+KNOWN_ISSUES: dict[tuple[str, str], str] = {}  # none open: batch_size_finder+lr_finder in one fit was fixed
 
 # the checks a known issue fails (the others are expected to pass, so they are not marked)
-KNOWN_ISSUE_CHECKS: dict[str, tuple[str, ...]] = {"batch_size_finder+lr_finder": ("fit", "resume")}
+KNOWN_ISSUE_CHECKS: dict[str, tuple[str, ...]] = {}
 
 
 def known_issue(arch: str, tech: str, check: str = "fit") -> str | None:
