@@ -82,8 +82,7 @@ def spawn_drop_returned_weights(trainer: Any) -> bool:
 def is_spawn_launcher(trainer: Any) -> bool:
     """True when the strategy's launcher spawns worker processes (``ddp_spawn``, ``ddp_notebook``...).
 
-    Relies on: ``_MultiProcessingLauncher`` (2.0 - 2.6), the launcher class of every spawn/fork strategy.
-    """
+    Relies on: ``_MultiProcessingLauncher`` (2.0 - 2.6), the launcher class of every spawn/fork strategy."""
     from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
     return isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher)
@@ -193,16 +192,14 @@ def tp_scope_channels(pruner: Any) -> dict[str, int]:
 def fit_source_instance(trainer: Any) -> Any:
     """What ``fit`` was given for training data: the datamodule / module, or the loader(s) passed to ``fit``.
 
-    Relies on: ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``, 2.6) and its ``instance`` attribute.
-    """
+    Relies on: ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``, 2.6) and its ``instance`` attribute."""
     return trainer.fit_loop._data_source.instance
 
 
 def fit_source_is_module(trainer: Any) -> bool:
     """True when the training data comes from a ``train_dataloader()`` hook (datamodule or module), not from loaders.
 
-    Relies on: ``trainer.fit_loop._data_source.is_module()`` (2.6).
-    """
+    Relies on: ``trainer.fit_loop._data_source.is_module()`` (2.6)."""
     return bool(trainer.fit_loop._data_source.is_module())
 
 
@@ -218,8 +215,7 @@ def set_fit_train_loader(trainer: Any, loader: Any) -> None:
 def fit_source_dataloader(trainer: Any) -> Any:
     """Build the training dataloader now, as the fit loop would (calls ``train_dataloader()`` when it is a hook).
 
-    Relies on: ``trainer.fit_loop._data_source.dataloader()`` (2.6).
-    """
+    Relies on: ``trainer.fit_loop._data_source.dataloader()`` (2.6)."""
     return trainer.fit_loop._data_source.dataloader()
 
 
@@ -243,11 +239,9 @@ def reload_train_dataloader(trainer: Any) -> None:
 
 
 def train_dataloader_built(trainer: Any) -> bool:
-    """Whether the fit loop already holds its training dataloader (another callback ran a trial fit loop in
-    ``on_fit_start``, e.g. an LR finder), so a batch-size change made now would not reach it without a rebuild.
+    """Whether the fit loop holds a built train loader already (e.g. an LR finder's trial loop in ``on_fit_start``).
 
-    Relies on: ``fit_loop._combined_loader`` (2.6), ``None`` until ``fit_loop.setup_data()`` builds it.
-    """
+    Relies on: ``fit_loop._combined_loader`` (2.6), ``None`` until ``fit_loop.setup_data()`` builds it."""
     return getattr(trainer.fit_loop, "_combined_loader", None) is not None
 
 
@@ -280,32 +274,28 @@ def replace_training_results(trainer: Any) -> Any:
 def restore_training_results(trainer: Any, previous: Any) -> None:
     """Put back the collection :func:`replace_training_results` returned.
 
-    Relies on: ``trainer.fit_loop.epoch_loop._results`` (2.6).
-    """
+    Relies on: ``trainer.fit_loop.epoch_loop._results`` (2.6)."""
     trainer.fit_loop.epoch_loop._results = previous
 
 
 def set_results_batch(trainer: Any, batch: Any) -> None:
     """Tell the training results which batch is running (``self.log`` infers ``batch_size`` from it).
 
-    Relies on: ``trainer.fit_loop.epoch_loop._results.batch`` (2.6), set by the training loop before each step.
-    """
+    Relies on: ``trainer.fit_loop.epoch_loop._results.batch`` (2.6), set by the training loop before each step."""
     trainer.fit_loop.epoch_loop._results.batch = batch
 
 
 def before_batch_transfer(pl_module: Any, batch: Any, dataloader_idx: int = 0) -> Any:
     """Run the ``on_before_batch_transfer`` hooks (datamodule, then module) on ``batch``, as the fit loop does.
 
-    Relies on: ``LightningModule._on_before_batch_transfer(batch, dataloader_idx)`` (2.6).
-    """
+    Relies on: ``LightningModule._on_before_batch_transfer(batch, dataloader_idx)`` (2.6)."""
     return pl_module._on_before_batch_transfer(batch, dataloader_idx=dataloader_idx)
 
 
 def strategy_training_step(trainer: Any, batch: Any, batch_idx: int) -> Any:
     """Call ``training_step`` through the strategy (DDP wrapper, precision context), as the fit loop does.
 
-    Relies on: ``lightning.pytorch.trainer.call._call_strategy_hook(trainer, "training_step", *args)`` (2.6).
-    """
+    Relies on: ``lightning.pytorch.trainer.call._call_strategy_hook(trainer, "training_step", *args)`` (2.6)."""
     from lightning.pytorch.trainer import call
 
     return call._call_strategy_hook(trainer, "training_step", batch, batch_idx)
