@@ -394,4 +394,3 @@ def undo_lr_find_debias(losses: list[float], beta: float = 0.98) -> list[float]:
     Lightning still smooths this way.
     """
     return [x * (1 - beta ** (k + 2)) / (1 - beta ** (k + 1)) for k, x in enumerate(losses)]
-
