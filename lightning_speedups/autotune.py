@@ -206,7 +206,7 @@ def autotune(
         times.append(clock() - t0)
     step_s = sorted(times)[1]
     budget_given = budget_s
-    if budget_s is None:  # 5% of the planned run, from one timed step of the unchanged model (data time not counted)
+    if budget_s is None:  # 5% of the planned run, from the median step of the unchanged model (data time not counted)
         budget_s = 0.05 * steps * step_s
     ctx.deadline = start + budget_s
     # one comparison needs about (warm-up + 5 rounds) x 2 options of a step: below that a trial only spends time

@@ -55,7 +55,7 @@ class Recipe:
     optimizer_config: OptimizerConfig | None = None
     scheduler_config: SchedulerConfig | None = None
     notes: list[str] = field(default_factory=list)
-    probe_s: float = 0.0  # seconds spent measuring layout / precision on this machine (0 when cached or not needed)
+    probe_s: float = 0.0  # seconds spent on the layout / precision probe (a cache read when cached, 0 when not run)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.callbacks, self.trainer_kwargs))

@@ -71,6 +71,7 @@ class TimeToTarget(L.Callback):
         self.curve: list[tuple[float, float]] = []
         self.reached_at: float | None = None
         self.start = 0.0
+        self.extra_s = 0.0  # seconds a caller counted before the fit (a recipe's probe, autotune's trials)
 
     @property
     def accs(self) -> list[float]:

@@ -83,16 +83,13 @@ def time_to_accuracy(
         callbacks: list[L.Callback] = []
         kwargs: dict[str, Any] = dict(accelerator="cpu", devices=1, max_epochs=max_epochs)
         extra_s = 0.0
-        if kind == "baseline":  # the same RNG state at fit start as autotune's and the recipe's re-seeded runs
-            L.seed_everything(seed, verbose=False)
-        else:
+        if kind != "baseline":
             start = time.perf_counter()
             plan = autotune(model, data, cache=cached, cache_dir=cache_dir, no_bf16=no_bf16, **kwargs)
             plan.apply(model, data)
             callbacks, kwargs = plan
             data = plan.datamodule or data
             extra_s = time.perf_counter() - start
-            L.seed_everything(seed, verbose=False)  # so a plan that changes nothing trains exactly as the baseline
     else:
         model = DemoClassifier(width=width)
         start = time.perf_counter()
@@ -102,14 +99,15 @@ def time_to_accuracy(
         callbacks, kwargs = recipe
         extra_s = time.perf_counter() - start
         data = device_datamodule(data, batch_size=batch_size, seed=seed)  # data setup: uncounted on both sides
-        L.seed_everything(seed, verbose=False)
         kwargs = {k: v for k, v in kwargs.items() if k not in _QUIET}
+    # every kind fits from the same RNG state, so an autotune plan that changes nothing trains exactly as the baseline
+    L.seed_everything(seed, verbose=False)
     trainer = L.Trainer(callbacks=[*callbacks, recorder], **kwargs, **_QUIET)
     trainer.fit(model, data)
     if recorder.reached_at is not None:
         recorder.reached_at += extra_s
     recorder.curve = [(t + extra_s, a) for t, a in recorder.curve]
-    recorder.extra_s = extra_s  # type: ignore[attr-defined]
+    recorder.extra_s = extra_s
     return recorder
 
 
@@ -142,7 +140,7 @@ def _row(task: str, kind: str, target: float, recs: dict[str, list[TimeToTarget]
     acc_cand = median([r.curve[-1][1] for r in cand])
     curves = {k: ([t for t, _ in recs[k][0].curve], [a for _, a in recs[k][0].curve]) for k in ("baseline", kind)}
     variant = f"{kind.removesuffix('_cached')} vs plain baseline ({task}; {_WHEN[kind]})"
-    spent = median([getattr(r, "extra_s", 0.0) for r in cand])
+    spent = median([r.extra_s for r in cand])
     counted = f"{spent:.2f}s of measuring counted (median)" + (
         f"; the cache was filled once beforehand in {once_s:.1f}s, not counted" if kind.endswith("_cached") else "")
     if missed:
