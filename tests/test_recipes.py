@@ -37,7 +37,8 @@ def test_recipe_fits_a_few_batches(name):
     recipe = get_recipe(name, model=model, max_epochs=2, precision="32-true", **QUIET)
     callbacks, kwargs = recipe
     recipe.apply(model)
-    assert model.scheduler_config.name == "onecycle" and model.optimizer_config.name == "adamw"
+    schedule = {"fast_train": "linear_warmup_cosine", "fast_finetune": "onecycle"}[name]
+    assert model.scheduler_config.name == schedule and model.optimizer_config.name == "adamw"
     trainer = quiet_trainer(callbacks=callbacks, **kwargs)
     trainer.fit(model, device_datamodule(DigitsDataModule(batch_size=32), batch_size=64))
     assert trainer.global_step == 8
