@@ -266,7 +266,7 @@ def fast_train(
     to a peak of 3e-3, then cosine decay. Against the earlier OneCycle (20% warm-up to 1e-2), over 5 seeds (digits)
     and 4 seeds (shapes), validated every half epoch, the median to the target fell from 2.5 to 1.5 epochs (digits,
     95%) and from 1.5 to 1.0 epoch (shapes, 90%). On digits, peaks of 2e-3 and 5e-3 needed half an epoch more in most
-    seeds; OneCycle with the same peak and warm-up was about as fast.
+    seeds; OneCycle with the same peak and warm-up was about as fast (``python benchmarks/recipe_schedule.py``).
 
     Args:
         model: the model (used to check conflicts, e.g. channels_last without convolutions).
