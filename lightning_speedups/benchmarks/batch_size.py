@@ -139,10 +139,12 @@ def run(quick: bool = True) -> list[BenchRow]:
         BenchRow("batch_size_finder", f"samples/s at our choice ({result.chosen}) vs sweep best ({best})",
                  "throughput", sps["sweep_best"], sps["ours"], ratio_b, "samples/s",
                  note="target ratio >= 0.9" + ("" if ratio_b >= 0.9 else " NOT MET")
-                      + "; accuracy not measured: batch size changes optimisation, use scale_lr", extra=common),
+                      + "; accuracy not measured: batch size changes optimisation, use scale_lr",
+                 extra={**common, "quality_ratio": True}),
         BenchRow("batch_size_finder", f"samples/s at Lightning's choice ({pl_choice}) vs sweep best ({best})",
                  "throughput", sps["sweep_best"], sps["lightning"], sps["lightning"] / sps["sweep_best"], "samples/s",
-                 note="Lightning grows until OOM / dataset size, it does not look at speed", extra=common),
+                 note="Lightning grows until OOM / dataset size, it does not look at speed",
+                 extra={**common, "quality_ratio": True}),
     ]
     return rows + run_under_load(quick)
 
@@ -232,7 +234,8 @@ def run_under_load(quick: bool = True, runs: int | None = None) -> list[BenchRow
         BenchRow("batch_size_finder", f"under load: our choice vs sweep best ({best}), median of {runs} runs",
                  "throughput", sps[best], median([sps.get(b, 0.0) for b in chosen]), median(quality), "samples/s",
                  note=f"{hits} of {runs} runs >= 0.9x (chosen {chosen}; per run {[round(q, 2) for q in quality]}); "
-                      f"target {need} of {runs}" + ("" if hits >= need else " NOT MET"), extra=common),
+                      f"target {need} of {runs}" + ("" if hits >= need else " NOT MET"),
+                 extra={**common, "quality_ratio": True}),
         BenchRow("batch_size_finder", "under load: search time, ours vs Lightning BatchSizeFinder", "search_time",
                  median(t_pl), median(t_ours), ratio_t, "s",
                  note=f"medians of {len(t_ours)} (ours) and {len(t_pl)} (Lightning) interleaved runs; ours "

@@ -112,8 +112,10 @@ def _table_rows(rows: Iterable[BenchRow]) -> list[list[str]]:
     out = []
     for r in rows:
         reached = r.ratio == r.ratio and r.ratio > 0  # nan or 0: a target was not reached (the note says which)
-        # below 1.05x: "no speedup", once (a note that already says so is not repeated)
-        verdict = "no speedup" if reached and r.ratio < 1.05 and "no speedup" not in r.note else ""
+        # below 1.05x: "no speedup", once (a note that already says so is not repeated); a row scoring a choice
+        # against the best one (at most 1x by construction) is a quality ratio, not a speedup
+        quality = bool(r.extra.get("quality_ratio"))
+        verdict = "no speedup" if reached and r.ratio < 1.05 and "no speedup" not in r.note and not quality else ""
         out.append(
             [
                 r.technique,

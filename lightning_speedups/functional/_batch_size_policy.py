@@ -10,6 +10,15 @@ the ladder once costs less than the confirming rounds). The final choice re-meas
 interleaved rounds and keeps the smaller size unless a larger one is clearly faster. Both go through
 :func:`lightning_speedups.measure.compare` (shuffled rounds until the intervals separate).
 
+Three things keep that affordable. An indifference zone: once every interval lies within ``1 / (1 + 2 min_gain)``
+and ``1 + 2 min_gain``, either size is within about twice ``min_gain`` of the other, so more rounds cannot change
+the choice by more than that; the climb counts it as a stall and the final check stops there. A fitted step-cost
+curve (``lightning_speedups.functional._batch_size_curve``): when every size measured so far agrees with one
+smooth curve within the measured step noise, the curve's pooled estimate decides a verdict or the final choice that
+clears its threshold by 3 standard errors, with no re-measurement. And a robust step-noise estimate (a stalled
+step is clipped at 3 robust sigmas), inflated by the curve's residuals when whole trials vary more than steps
+inside a trial do, so the 4-sigma shortcuts are not fooled by bursty neighbours.
+
 Every decision depends only on the trials returned (their step times and elapsed times), so DDP ranks that agree on
 their trials take the same steps. Without step times (a hand-made ``measure``) the single-trial rules apply.
 Used by :func:`lightning_speedups.functional.batch_size.search_batch_size`; the records live there.
@@ -23,9 +32,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lightning_speedups.functional._batch_size_curve import CurveFit, fit_curve
 from lightning_speedups.measure import Comparison, compare
 
-__all__ = ["Search", "per_sample_time", "trial_cost"]
+__all__ = ["CURVE_Z", "Search", "per_sample_time", "trial_cost"]
+
+CURVE_Z = 3.0  # a verdict from the fitted curve must clear its threshold by this many standard errors
 
 
 def per_sample_time(trial: Any) -> float:
@@ -112,18 +124,42 @@ class Search:
 
     def step_noise(self) -> float | None:
         """Pooled standard deviation of log step times within trials (the measured per-step noise); ``None`` with
-        fewer than 4 degrees of freedom."""
-        squares, dof = 0.0, 0
+        fewer than 4 degrees of freedom. A step more than 3 robust sigmas (1.4826 x the median absolute deviation)
+        from its trial's mean counts as 3 sigmas: one stalled step (seen: 0.25 s among 9 ms steps) must not make the
+        noise look 50x larger than it is."""
+        devs: list[float] = []
+        dof = 0
         for ts in self.by_size.values():
             for t in ts:
                 logs = [math.log(x) for x in t.step_times if x > 0]
                 if len(logs) > 1:
                     mean = sum(logs) / len(logs)
-                    squares += sum((x - mean) ** 2 for x in logs)
+                    devs += [x - mean for x in logs]
                     dof += len(logs) - 1
-        return math.sqrt(squares / dof) if dof >= 4 else None
+        if dof < 4:
+            return None
+        clip = 3.0 * 1.4826 * statistics.median(abs(d) for d in devs)
+        return math.sqrt(sum(min(abs(d), clip) ** 2 for d in devs) / dof)
 
-    def _compare(self, sizes: list[int], max_rounds: int, final: bool = False) -> Comparison | None:
+    def fit(self) -> CurveFit | None:
+        """The step-cost curve fitted to every size measured so far (:mod:`._batch_size_curve`), when noisy timing is
+        guarded against; ``None`` without enough sizes or a noise estimate."""
+        if not self.guarded:
+            return None
+        samples = {b: [x / b for t in ts if t.ok for x in t.step_times] for b, ts in self.by_size.items()}
+        return fit_curve(samples, self.step_noise())
+
+    def shortcut_noise(self) -> float | None:
+        """The noise the 4-sigma shortcuts compare against: the within-trial step noise, inflated by the curve fit's
+        residuals when those show more (whole trials slowed by another process are invisible inside a trial)."""
+        noise = self.step_noise()
+        curve = self.fit()
+        if noise is None or curve is None:
+            return noise
+        return noise * math.sqrt(max(1.0, curve.chi2_per_dof))
+
+    def _compare(self, sizes: list[int], max_rounds: int, final: bool = False,
+                 budget: float | None = None) -> Comparison | None:
         """Interleaved rounds of ``sizes`` through :func:`~lightning_speedups.measure.compare` (baseline: the
         smallest), continuing rounds already measured for the same sizes; ``None`` when ``search_time`` has no room
         for one more round."""
@@ -133,7 +169,7 @@ class Search:
         initial = self.rounds.get(key)
         done = len(next(iter(initial.values()))) if initial else 0
         round_cost = sum(trial_cost(self.by_size[b][-1]) for b in sizes)
-        budget = self.remeasure_left(final)
+        budget = self.remeasure_left(final) if budget is None else budget
         if budget < round_cost:
             return None
         start = self.spent_s
@@ -166,13 +202,25 @@ class Search:
         if first > threshold or not self.guarded:
             # a gain only continues the climb (the final choice re-checks it); without noise, the single-trial rules
             return "gain" if first > threshold else ("small" if first >= 1.0 else "dip")
-        noise = self.step_noise()
+        noise = self.shortcut_noise()
         # quiet machine: a single pair already clears the measured per-step noise by a wide margin (4 sigma of a ratio)
         if noise is not None and abs(math.log(first / threshold)) > 4.0 * math.sqrt(2.0) * noise:
             verdict = "small" if first >= 1.0 else "dip"
             self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(first, 4),
                                    "step_noise": round(noise, 4), "rounds": 1})
             return verdict
+        curve = self.fit()
+        if curve is not None and curve.consistent:  # every size so far agrees with one smooth curve: it decides
+            log_gain, se = curve.log_ratio(a, b)
+            limit = math.log(threshold)
+            if abs(log_gain - limit) > CURVE_Z * se:
+                verdict = "gain" if log_gain > limit else ("small" if log_gain >= 0 else "dip")
+                self.decisions.append({"sizes": [a, b], "verdict": verdict, "by": "curve fit",
+                                       "median_ratio": round(math.exp(log_gain), 4),
+                                       "interval": [round(math.exp(log_gain - CURVE_Z * se), 4),
+                                                    round(math.exp(log_gain + CURVE_Z * se), 4)],
+                                       "chi2_per_dof": round(curve.chi2_per_dof, 2), "rounds": 0})
+                return verdict
         cost_b = trial_cost(self.by_size[b][-1])
         confirm = self.cfg.confirm_rounds * (trial_cost(self.by_size[a][-1]) + cost_b)
         climb = sum(cost_b * c / b for c in rest)  # step time grows about linearly with the batch once it is large
@@ -180,7 +228,11 @@ class Search:
         lo, mid, hi = cmp.ratios[str(b)] if cmp is not None else (-math.inf, first, math.inf)
         rounds = cmp.trials if cmp is not None else 1
         verdict = "unclear"
+        zone = 1.0 + 2.0 * self.cfg.min_gain
         if rounds >= self.cfg.confirm_rounds and hi < threshold:
+            verdict = "small" if mid >= 1.0 else "dip"
+        elif rounds >= self.cfg.confirm_rounds and mid < threshold and 1.0 / zone <= lo and hi <= zone:
+            # inside the indifference zone: b gains at most about 2 x min_gain, and the final check re-measures it
             verdict = "small" if mid >= 1.0 else "dip"
         elif mid > threshold:
             verdict = "gain"
@@ -207,14 +259,30 @@ class Search:
         if not self.guarded or len(good) < 2:
             return point
         sizes = sorted(sorted(good, key=self.rate, reverse=True)[: self.cfg.confirm_top])
-        noise, threshold = self.step_noise(), 1.0 + self.cfg.min_gain
+        noise, threshold = self.shortcut_noise(), 1.0 + self.cfg.min_gain
         if noise is not None and all(  # quiet machine: the pooled estimates clear the step noise by 4 sigma
             abs(math.log(self.rate(b) / self.rate(sizes[0]) / threshold)) > 4.0 * math.sqrt(2.0) * noise
             for b in sizes[1:]
         ):
             self.note = f"{sizes} differ by more than 4 sigma of the measured step noise ({noise:.1%}): no re-check"
             return point
-        cmp = self._compare(sizes, 3 * self.cfg.confirm_rounds, final=True)
+        curve = self.fit()
+        if curve is not None and curve.consistent:
+            pred = {b: curve.per_sample(b) for b in good}
+            fastest = min(pred, key=lambda b: pred[b])
+            pick = min(b for b in good if pred[b] <= (1.0 + self.cfg.min_gain) * pred[fastest])
+            # the contenders: sizes predicted within 3 x min_gain of the fastest (the others are clearly slower)
+            near = [b for b in good if b != fastest and pred[b] <= (1.0 + 3.0 * self.cfg.min_gain) * pred[fastest]]
+            spread = max((curve.log_ratio(b, fastest)[1] for b in near), default=0.0)
+            if CURVE_Z * spread <= self.cfg.min_gain:  # the fit ranks the contenders within min_gain: no re-check
+                self.note = (f"chosen from the step-cost curve fitted to all {len(good)} sizes (chi-square per "
+                             f"degree of freedom {curve.chi2_per_dof:.2f}, consistent with the measured step noise "
+                             f"{self.step_noise():.1%}): {pick}, within {self.cfg.min_gain:.0%} of the fastest")
+                self.final = {"sizes": sorted(good), "by": "curve fit", "rounds": 0, "separated": True,
+                              "median_samples_per_s": {b: round(1.0 / pred[b], 2) for b in sorted(good)},
+                              "chi2_per_dof": round(curve.chi2_per_dof, 3)}
+                return pick
+        cmp = self._final_rounds(sizes)
         if cmp is None or cmp.trials < self.cfg.confirm_rounds:
             got = 1 if cmp is None and len(sizes) == 2 else 0 if cmp is None else cmp.trials
             return self._untrusted(sizes[0], sizes, f"only {got} of {self.cfg.confirm_rounds} interleaved rounds "
@@ -222,6 +290,12 @@ class Search:
         if cmp.separated:
             chosen = int(cmp.winner)
             self.note = cmp.note or f"re-measured {sizes} interleaved: {chosen} separated from the rest"
+        elif self._indifferent(cmp):
+            rates = {int(n): 1.0 / max(m, 1e-12) for n, m in cmp.medians.items()}
+            chosen = max(rates, key=lambda b: rates[b])
+            self.note = (f"{', '.join(map(str, sizes))} within {2 * self.cfg.min_gain:.0%} of each other after "
+                         f"{cmp.trials} interleaved rounds (every interval inside the indifference zone); kept the "
+                         f"faster median, {chosen}")
         else:
             rates = {int(n): 1.0 / max(m, 1e-12) for n, m in cmp.medians.items()}
             chosen = max(rates, key=lambda b: rates[b])
@@ -229,6 +303,26 @@ class Search:
                          f"rounds (the interval straddles `min_gain`); kept the faster median, {chosen}")
         self._record(cmp, sizes)
         return chosen
+
+    def _indifferent(self, cmp: Comparison) -> bool:
+        """Every ratio's interval lies within ``1 / (1 + 2 min_gain) .. 1 + 2 min_gain``: whichever size is kept is
+        within about twice ``min_gain`` of the other, so more rounds cannot change the choice by more than that."""
+        zone = 1.0 + 2.0 * self.cfg.min_gain
+        return bool(cmp.ratios) and all(lo >= 1.0 / zone and hi <= zone for lo, _m, hi in cmp.ratios.values())
+
+    def _final_rounds(self, sizes: list[int]) -> Comparison | None:
+        """The final interleaved rounds: ``confirm_rounds`` first, then more (geometrically, at most three times
+        ``confirm_rounds``) only while the sizes neither separate nor sit inside the indifference zone."""
+        most = 3 * self.cfg.confirm_rounds
+        cap, spent = self.remeasure_left(final=True), self.spent_s  # one budget for all the final's rounds
+        cmp = self._compare(sizes, self.cfg.confirm_rounds, final=True, budget=cap)
+        while cmp is not None and not cmp.separated and not self._indifferent(cmp) and cmp.trials < most:
+            left = cap - (self.spent_s - spent)
+            more = self._compare(sizes, min(most, math.ceil(cmp.trials * 1.5)), final=True, budget=left)
+            if more is None:
+                break
+            cmp = more
+        return cmp
 
     def _record(self, cmp: Comparison, sizes: list[int]) -> None:
         self.final = {

@@ -61,8 +61,10 @@ class BatchSizeSearchConfig:
         confirm_rounds: when timings are noisy (trials with step times), a stop of the ladder needs this many
             fresh, interleaved rounds of both sizes whose median-ratio interval lies below ``1 + min_gain``
             (still within noise, the ladder goes on), and the final choice re-measures the fastest sizes for at
-            least this many rounds (at most three times as many). ``1`` decides from single trials (no guard
-            against noise).
+            least this many rounds (at most three times as many, fewer once the sizes are known to be within
+            ``2 * min_gain`` of each other). ``1`` decides from single trials (no guard against noise). When every
+            measured size agrees with one fitted step-cost curve, the curve decides without re-measuring (see
+            :mod:`lightning_speedups.functional._batch_size_policy`).
         confirm_top: this many of the fastest sizes are re-measured interleaved at the end (>= 2).
         confidence: level of the median-ratio intervals, in [0.5, 1).
         search_time: seconds for the whole search, trials and re-measurements (``None``: no limit). When it runs
