@@ -202,8 +202,12 @@ class BatchSizeSearchResult:
         lines.append(f"chosen {self.chosen} ({self.mode}); stopped: {self.stop_reason}; {self.search_time_s:.2f} s")
         if self.final:
             medians = ", ".join(f"{b}: {r:.1f}" for b, r in self.final["median_samples_per_s"].items())
-            lines.append(f"re-measured {self.final['rounds']} interleaved rounds (median samples/s {medians}; "
-                         f"{'separated' if self.final['separated'] else 'within noise'})")
+            if self.final.get("by") == "curve fit":
+                lines.append(f"no re-measurement: the fitted step-cost curve ranked the sizes (predicted samples/s "
+                             f"{medians})")
+            else:
+                lines.append(f"re-measured {self.final['rounds']} interleaved rounds (median samples/s {medians}; "
+                             f"{'separated' if self.final['separated'] else 'within noise'})")
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)

@@ -10,7 +10,12 @@ import pytest
 
 from lightning_speedups.functional._batch_size_curve import fit_curve
 from lightning_speedups.functional._batch_size_policy import Search
-from lightning_speedups.functional.batch_size import BatchSizeSearchConfig, BatchSizeTrial, search_batch_size
+from lightning_speedups.functional.batch_size import (
+    BatchSizeSearchConfig,
+    BatchSizeSearchResult,
+    BatchSizeTrial,
+    search_batch_size,
+)
 from tests.functional.test_batch_size_noise import CURVES, LADDER, noise_free_rate, simulated
 
 SIZES = [16, 32, 64, 128, 256, 512]
@@ -76,6 +81,8 @@ def test_quiet_search_decides_without_re_measuring():
         if result.final.get("by") == "curve fit":
             by_curve += 1
             assert "step-cost curve fitted" in result.note
+            assert "no re-measurement: the fitted step-cost curve ranked the sizes" in result.table()
+            assert BatchSizeSearchResult.from_dict(result.as_dict()).final == result.final  # plain data
     assert no_rounds >= 15 and by_curve >= 5
 
 
