@@ -6,6 +6,7 @@ Baseline = plain Lightning as most users write it: ``DigitsDataModule(batch_size
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -126,6 +127,60 @@ def run(quick: bool = True) -> list[BenchRow]:
                 rows.append(
                     BenchRow("advisor", f["key"], key, 1.0, 1.0 / ev[key], ev[key], note="micro-measured, not e2e")
                 )
+    return rows + threads_rows(quick)
+
+
+def threads_rows(quick: bool = True) -> list[BenchRow]:
+    """The advisor's CPU-thread finding, quiet and beside one CPU-bound process (started and stopped here).
+
+    Each condition: the advisor's measurement on a model copy (``fewer_threads_speedup``, what its rule reads), then
+    full training steps (forward, backward, Adam; DemoClassifier(width=32), batch 32) at torch's threads and at half
+    of them, interleaved, medians. Empty with fewer than 2 torch threads.
+    """
+    from lightning_speedups.benchmarks.batch_size import background_load
+    from lightning_speedups.demo import DemoClassifier
+    from lightning_speedups.functional.advisor import fewer_threads_speedup
+    from lightning_speedups.measure import interleaved_timings
+
+    threads = torch.get_num_threads()
+    if threads < 2:
+        return []
+    fewer = max(1, threads // 2)
+    torch.manual_seed(0)
+    model = DemoClassifier(width=32)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+
+    def steps(n: int) -> Any:
+        def fn() -> None:
+            old = torch.get_num_threads()
+            torch.set_num_threads(n)
+            try:
+                for _ in range(3 if quick else 10):
+                    opt.zero_grad(set_to_none=True)
+                    model.loss_fn(model(x), y).backward()
+                    opt.step()
+            finally:
+                torch.set_num_threads(old)
+
+        return fn
+
+    rows = []
+    for label, load in (("quiet", contextlib.nullcontext()), ("beside 1 CPU-bound process", background_load())):
+        with load:
+            measured = fewer_threads_speedup(model, x, fewer)
+            reps = interleaved_timings({"current": steps(threads), "fewer": steps(fewer)}, repeats=3 if quick else 7,
+                                       warmup=1)  # fmt: skip
+        base, cand = median(reps["current"]), median(reps["fewer"])
+        said = measured is not None and measured > 1.05
+        rows.append(BenchRow(
+            "advisor", f"cpu_threads fix, {label}: {threads} -> {fewer} torch threads", "train step time", base, cand,
+            base / cand, unit="s",
+            note=(f"the advisor measured {float(measured or 0):.2f}x on a model copy and "
+                  + ("suggests (apply=True sets) torch.set_num_threads" if said else "stays silent")
+                  + "; DemoClassifier(width=32), batch 32, fwd+bwd+Adam, medians of interleaved runs"),
+            extra={"advisor_measured": None if measured is None else float(measured), "advisor_says": said},
+        ))
     return rows
 
 

@@ -49,10 +49,13 @@ class SpeedAdvisor(Callback):
         warmup_steps: untimed batches first (lazy init, allocator, caches); at least 1.
         window_steps: timed batches; must be >= ``warmup_steps``.
         apply: ``False`` (default) never changes the run. ``True`` applies the findings that are safe to change
-            mid-run: converts a conv model to channels_last when that was measured faster, and turns TF32 matmuls on
-            for fp32 on Ampere+ GPUs. Everything else (loader, precision, optimizer, batch size) stays a suggestion.
+            mid-run: converts a conv model to channels_last when that was measured faster, turns TF32 matmuls on
+            for fp32 on Ampere+ GPUs, and lowers torch's CPU threads when fewer were measured faster (another process
+            competes for the cores; process-wide, like TF32). Everything else (loader, precision, optimizer, batch
+            size) stays a suggestion.
         measure_effects: run cheap micro-measurements at the end of the window (bf16 vs fp32 matmul, channels_last
-            on a model copy, fused optimizer step on parameter copies) so findings carry a measured expected effect.
+            and half the CPU threads on a model copy, fused optimizer step on parameter copies) so findings carry a
+            measured expected effect.
         thresholds: :class:`AdvisorThresholds` or a dict of its fields.
         verbose: print the text report via ``rank_zero_info``.
 
@@ -303,6 +306,9 @@ class SpeedAdvisor(Callback):
         if "tf32_off" in keys:
             torch.set_float32_matmul_precision("high")
             applied.append('torch.set_float32_matmul_precision("high")')
+        if "cpu_threads" in keys and m.fewer_threads and (m.fewer_threads_speedup or 0) > 1.05:
+            torch.set_num_threads(m.fewer_threads)  # process-wide, like the TF32 setting
+            applied.append(f"torch.set_num_threads({m.fewer_threads}) (measured {m.fewer_threads_speedup:.2f}x)")
         return applied
 
     # ---- report access -------------------------------------------------------------------------------------------

@@ -91,6 +91,9 @@ class Measurements:
     has_conv: bool = False
     conv_channels_last: bool = False
     channels_last_speedup: float | None = None
+    torch_threads: int | None = None
+    fewer_threads: int | None = None
+    fewer_threads_speedup: float | None = None
     loader_kind: str | None = None
     num_workers: int | None = None
     optimizers: list[OptimizerInfo] = field(default_factory=list)

@@ -229,6 +229,7 @@ def test_advisor_parameter_findings(monkeypatch):
 
 def test_advisor_measured_effects_and_apply(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(advisor_mod.F, "channels_last_speedup", lambda module, x, repeats=3: 1.5)
+    monkeypatch.setattr(advisor_mod.F, "fewer_threads_speedup", lambda module, x, threads=None: None)  # not global
     advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, apply=True)
     model = ClockedModel()
     _fit(advisor, model, ClockedData(FakeClock(), 0.0), steps=5)
@@ -283,3 +284,21 @@ def test_advisor_exception_in_flop_batch_leaves_no_dispatch_mode():
     with pytest.raises(RuntimeError, match="boom"):
         _fit(advisor, Boom(), ClockedData(FakeClock(), 0.0), steps=2)
     assert _get_current_dispatch_mode() is None and advisor._flop_counter is None
+
+
+def test_advisor_applies_fewer_cpu_threads_when_measured_faster(monkeypatch):
+    before = torch.get_num_threads()  # the suite runs at 1 thread (conftest): the run starts at 4
+    monkeypatch.setattr(advisor_mod.F, "channels_last_speedup", lambda module, x, repeats=3: None)
+    monkeypatch.setattr(advisor_mod.F, "fewer_threads_speedup", lambda module, x, threads=None: 2.5)
+    try:
+        torch.set_num_threads(4)
+        advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, apply=True, verbose=False)
+        _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=4)
+        d = advisor.to_dict()
+        finding = next(f for f in d["findings"] if f["key"] == "cpu_threads")
+        assert finding["measured"] and "torch.set_num_threads(2)" in finding["fix"]
+        assert finding["evidence"] == {"torch_threads": 4, "fewer_threads": 2, "fewer_threads_speedup": 2.5}
+        assert torch.get_num_threads() == 2  # applied mid-run, process-wide
+        assert any("torch.set_num_threads(2)" in a for a in d["applied"])
+    finally:
+        torch.set_num_threads(before)
