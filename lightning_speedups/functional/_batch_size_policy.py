@@ -340,7 +340,9 @@ class Search:
     def _untrusted(self, chosen: int, sizes: list[int], why: str, cmp: Comparison | None = None) -> int:
         self.trusted = False
         self.note = (f"timing cannot be trusted ({why}); kept the smallest near-best size {chosen} of {sizes}. "
-                     "HINT: raise `confirm_budget` or `search_time` (or set None), or search on a quieter machine.")
+                     "HINT: raise `confirm_budget` or `search_time` (or set None), or search on a quieter machine; "
+                     "on a CPU shared with other work, SpeedAdvisor's `cpu_threads` finding measures whether fewer "
+                     "torch threads are faster (beside one CPU-bound process on 2 cores, 1 was 2.1x faster than 2).")
         if cmp is not None:
             self._record(cmp, sizes)
         warnings.warn(f"Batch-size search: {self.note}", stacklevel=3)
