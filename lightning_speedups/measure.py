@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -25,7 +26,7 @@ import random
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "median",
     "model_copy",
     "speed_ratio",
+    "torch_threads",
 ]
 
 
@@ -112,6 +114,18 @@ def interleaved_ratio(
     """
     times = interleaved_timings({"base": base, "cand": cand}, repeats, warmup=1, sync=sync, budget_s=budget_s)
     return speed_ratio(times["base"], times["cand"])
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the body on ``n`` torch CPU threads (``None``: unchanged), then restore the previous count."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def model_copy(module: nn.Module, train: bool | None = None) -> nn.Module:

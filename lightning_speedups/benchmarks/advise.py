@@ -140,7 +140,7 @@ def threads_rows(quick: bool = True) -> list[BenchRow]:
     from lightning_speedups.benchmarks.batch_size import background_load
     from lightning_speedups.demo import DemoClassifier
     from lightning_speedups.functional.advisor import fewer_threads_speedup
-    from lightning_speedups.measure import interleaved_timings
+    from lightning_speedups.measure import interleaved_timings, torch_threads
 
     threads = torch.get_num_threads()
     if threads < 2:
@@ -153,15 +153,11 @@ def threads_rows(quick: bool = True) -> list[BenchRow]:
 
     def steps(n: int) -> Any:
         def fn() -> None:
-            old = torch.get_num_threads()
-            torch.set_num_threads(n)
-            try:
+            with torch_threads(n):
                 for _ in range(3 if quick else 10):
                     opt.zero_grad(set_to_none=True)
                     model.loss_fn(model(x), y).backward()
                     opt.step()
-            finally:
-                torch.set_num_threads(old)
 
         return fn
 

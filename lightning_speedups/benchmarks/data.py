@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_speedups.benchmarks._common import BenchRow
-from lightning_speedups.measure import interleaved_timings, median, speed_ratio
+from lightning_speedups.measure import interleaved_timings, median, speed_ratio, torch_threads
 
 __all__ = ["run"]
 
@@ -64,12 +64,8 @@ def _consume(loader: Iterable[Any], limit: int | None = None) -> int:
 
 def _with_threads(threads: int, fn: Callable[[], Any]) -> Callable[[], Any]:
     def wrapped() -> Any:
-        old = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             return fn()
-        finally:
-            torch.set_num_threads(old)
 
     return wrapped
 

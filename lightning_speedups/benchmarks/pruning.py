@@ -17,7 +17,7 @@ import torch
 from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.demo import DemoClassifier, load_digits_tensors
 from lightning_speedups.functional.pruning import prune_structured, prune_unstructured
-from lightning_speedups.measure import interleaved_timings, make_train_step, median, speed_ratio
+from lightning_speedups.measure import interleaved_timings, make_train_step, median, speed_ratio, torch_threads
 
 __all__ = ["run"]
 
@@ -58,14 +58,9 @@ def _step_times(
     variants: dict[str, torch.nn.Module], x: torch.Tensor, y: torch.Tensor, repeats: int, threads: int | None
 ) -> dict[str, list[float]]:
     """Interleaved train-step times of every variant, on ``threads`` torch threads (``None`` = unchanged)."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         steps = {n: make_train_step(m, x, y, torch.optim.Adam(m.parameters(), lr=1e-5)) for n, m in variants.items()}
         return interleaved_timings(steps, repeats=repeats, warmup=1)
-    finally:
-        torch.set_num_threads(before)
 
 
 def run(quick: bool = True) -> list[BenchRow]:

@@ -155,8 +155,9 @@ def measure_effects(
     if m.device_type == "cpu":
         if x is not None and small:
             m.bf16_speedup = F.bf16_autocast_speedup(module, x)
-        if x is not None and small and torch.get_num_threads() >= 2:
-            m.torch_threads, m.fewer_threads = torch.get_num_threads(), max(1, torch.get_num_threads() // 2)
+        threads = torch.get_num_threads()
+        if x is not None and small and threads >= 2:
+            m.torch_threads, m.fewer_threads = threads, max(1, threads // 2)
             m.fewer_threads_speedup = F.fewer_threads_speedup(module, x, m.fewer_threads)
     if m.has_conv and not m.conv_channels_last and x is not None and x.dim() == 4 and small:
         m.channels_last_speedup = F.channels_last_speedup(module, x)

@@ -32,7 +32,7 @@ from lightning_speedups.functional._advisor_records import (
 )
 from lightning_speedups.functional._advisor_report import AdvisorReport
 from lightning_speedups.functional._advisor_rules import RULES, Rule, advisor_rule
-from lightning_speedups.measure import model_copy
+from lightning_speedups.measure import model_copy, torch_threads
 
 __all__ = [
     "AdvisorReport",
@@ -83,8 +83,11 @@ _Candidate = Callable[[nn.Module, torch.Tensor], tuple[nn.Module, torch.Tensor, 
 
 
 def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate, repeats: int, min_gain: float,
-                budget_s: float) -> MeasuredRatio | None:
-    """Forward+backward time of a copy of ``module`` / of a candidate copy (> 1: candidate faster); None on failure."""
+                budget_s: float, backward_in_context: bool = False) -> MeasuredRatio | None:
+    """Forward+backward time of a copy of ``module`` / of a candidate copy (> 1: candidate faster); None on failure.
+
+    The candidate's context covers its forward (autocast), or forward and backward with ``backward_in_context``
+    (a setting the whole step must run under, such as the thread count)."""
     try:
         base = model_copy(module, train=True)
         cand, xc, ctx = candidate(model_copy(module, train=True), example.detach())
@@ -93,12 +96,16 @@ def _copy_ratio(module: nn.Module, example: torch.Tensor, candidate: _Candidate,
     x = example.detach()
 
     def run(model: nn.Module, inp: torch.Tensor, context: Any) -> Callable[[], None]:
+        forward_context, step_context = (contextlib.nullcontext, context) if backward_in_context else (
+            context, contextlib.nullcontext)
+
         def f() -> None:
-            with context():
-                out = model(inp)
-            out = out[0] if isinstance(out, (tuple, list)) else out
-            out.float().sum().backward()
-            model.zero_grad(set_to_none=True)
+            with step_context():
+                with forward_context():
+                    out = model(inp)
+                out = out[0] if isinstance(out, (tuple, list)) else out
+                out.float().sum().backward()
+                model.zero_grad(set_to_none=True)
 
         return f
 
@@ -193,16 +200,6 @@ def fused_optimizer_speedup(
         return None
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Any:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def fewer_threads_speedup(
     module: nn.Module, example: torch.Tensor, threads: int | None = None, repeats: int = 3, budget_s: float = 2.0,
     min_gain: float = 0.1,
@@ -220,24 +217,8 @@ def fewer_threads_speedup(
     fewer = max(1, current // 2) if threads is None else int(threads)
     if example.device.type != "cpu" or current < 2 or not 1 <= fewer < current:
         return None
-    try:
-        base, cand = model_copy(module, train=True), model_copy(module, train=True)
-    except Exception:  # noqa: BLE001 - measurement is best effort
-        return None
-    x = example.detach()
 
-    def run(model: nn.Module, n: int) -> Callable[[], None]:
-        def f() -> None:
-            with _threads(n):  # forward and backward both run at n threads
-                out = model(x)
-                out = out[0] if isinstance(out, (tuple, list)) else out
-                out.float().sum().backward()
-                model.zero_grad(set_to_none=True)
+    def cand(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor, Any]:
+        return model, x, functools.partial(torch_threads, fewer)
 
-        return f
-
-    try:
-        return measured_ratio(run(base, current), run(cand, fewer), min_gain=min_gain, budget_s=budget_s,
-                              min_rounds=repeats)
-    except Exception:  # noqa: BLE001
-        return None
+    return _copy_ratio(module, example, cand, repeats, min_gain=min_gain, budget_s=budget_s, backward_in_context=True)
