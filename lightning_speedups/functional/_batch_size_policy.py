@@ -149,11 +149,11 @@ class Search:
         samples = {b: [x / b for t in ts if t.ok for x in t.step_times] for b, ts in self.by_size.items()}
         return fit_curve(samples, self.step_noise())
 
-    def shortcut_noise(self) -> float | None:
-        """The noise the 4-sigma shortcuts compare against: the within-trial step noise, inflated by the curve fit's
-        residuals when those show more (whole trials slowed by another process are invisible inside a trial)."""
+    def shortcut_noise(self, curve: CurveFit | None) -> float | None:
+        """The noise the 4-sigma shortcuts compare against: the within-trial step noise, inflated by the residuals of
+        ``curve`` (:meth:`fit`) when those show more (whole trials slowed by another process are invisible inside a
+        trial)."""
         noise = self.step_noise()
-        curve = self.fit()
         if noise is None or curve is None:
             return noise
         return noise * math.sqrt(max(1.0, curve.chi2_per_dof))
@@ -202,14 +202,14 @@ class Search:
         if first > threshold or not self.guarded:
             # a gain only continues the climb (the final choice re-checks it); without noise, the single-trial rules
             return "gain" if first > threshold else ("small" if first >= 1.0 else "dip")
-        noise = self.shortcut_noise()
+        curve = self.fit()
+        noise = self.shortcut_noise(curve)
         # quiet machine: a single pair already clears the measured per-step noise by a wide margin (4 sigma of a ratio)
         if noise is not None and abs(math.log(first / threshold)) > 4.0 * math.sqrt(2.0) * noise:
             verdict = "small" if first >= 1.0 else "dip"
             self.decisions.append({"sizes": [a, b], "verdict": verdict, "median_ratio": round(first, 4),
                                    "step_noise": round(noise, 4), "rounds": 1})
             return verdict
-        curve = self.fit()
         if curve is not None and curve.consistent:  # every size so far agrees with one smooth curve: it decides
             log_gain, se = curve.log_ratio(a, b)
             limit = math.log(threshold)
@@ -228,10 +228,9 @@ class Search:
         lo, mid, hi = cmp.ratios[str(b)] if cmp is not None else (-math.inf, first, math.inf)
         rounds = cmp.trials if cmp is not None else 1
         verdict = "unclear"
-        zone = 1.0 + 2.0 * self.cfg.min_gain
         if rounds >= self.cfg.confirm_rounds and hi < threshold:
             verdict = "small" if mid >= 1.0 else "dip"
-        elif rounds >= self.cfg.confirm_rounds and mid < threshold and 1.0 / zone <= lo and hi <= zone:
+        elif rounds >= self.cfg.confirm_rounds and mid < threshold and self._in_zone(lo, hi):
             # inside the indifference zone: b gains at most about 2 x min_gain, and the final check re-measures it
             verdict = "small" if mid >= 1.0 else "dip"
         elif mid > threshold:
@@ -259,14 +258,14 @@ class Search:
         if not self.guarded or len(good) < 2:
             return point
         sizes = sorted(sorted(good, key=self.rate, reverse=True)[: self.cfg.confirm_top])
-        noise, threshold = self.shortcut_noise(), 1.0 + self.cfg.min_gain
+        curve = self.fit()
+        noise, threshold = self.shortcut_noise(curve), 1.0 + self.cfg.min_gain
         if noise is not None and all(  # quiet machine: the pooled estimates clear the step noise by 4 sigma
             abs(math.log(self.rate(b) / self.rate(sizes[0]) / threshold)) > 4.0 * math.sqrt(2.0) * noise
             for b in sizes[1:]
         ):
             self.note = f"{sizes} differ by more than 4 sigma of the measured step noise ({noise:.1%}): no re-check"
             return point
-        curve = self.fit()
         if curve is not None and curve.consistent:
             pred = {b: curve.per_sample(b) for b in good}
             fastest = min(pred, key=lambda b: pred[b])
@@ -290,25 +289,25 @@ class Search:
         if cmp.separated:
             chosen = int(cmp.winner)
             self.note = cmp.note or f"re-measured {sizes} interleaved: {chosen} separated from the rest"
-        elif self._indifferent(cmp):
-            rates = {int(n): 1.0 / max(m, 1e-12) for n, m in cmp.medians.items()}
-            chosen = max(rates, key=lambda b: rates[b])
-            self.note = (f"{', '.join(map(str, sizes))} within {2 * self.cfg.min_gain:.0%} of each other after "
-                         f"{cmp.trials} interleaved rounds (every interval inside the indifference zone); kept the "
-                         f"faster median, {chosen}")
         else:
             rates = {int(n): 1.0 / max(m, 1e-12) for n, m in cmp.medians.items()}
             chosen = max(rates, key=lambda b: rates[b])
-            self.note = (f"{', '.join(map(str, sizes))} within noise of each other after {cmp.trials} interleaved "
-                         f"rounds (the interval straddles `min_gain`); kept the faster median, {chosen}")
+            why = (f"within {2 * self.cfg.min_gain:.0%} of each other after {cmp.trials} interleaved rounds (every "
+                   "interval inside the indifference zone)") if self._indifferent(cmp) else (
+                f"within noise of each other after {cmp.trials} interleaved rounds (the interval straddles `min_gain`)")
+            self.note = f"{', '.join(map(str, sizes))} {why}; kept the faster median, {chosen}"
         self._record(cmp, sizes)
         return chosen
 
     def _indifferent(self, cmp: Comparison) -> bool:
         """Every ratio's interval lies within ``1 / (1 + 2 min_gain) .. 1 + 2 min_gain``: whichever size is kept is
         within about twice ``min_gain`` of the other, so more rounds cannot change the choice by more than that."""
+        return bool(cmp.ratios) and all(self._in_zone(lo, hi) for lo, _m, hi in cmp.ratios.values())
+
+    def _in_zone(self, lo: float, hi: float) -> bool:
+        """The ratio interval ``lo .. hi`` lies inside the indifference zone (see :meth:`_indifferent`)."""
         zone = 1.0 + 2.0 * self.cfg.min_gain
-        return bool(cmp.ratios) and all(lo >= 1.0 / zone and hi <= zone for lo, _m, hi in cmp.ratios.values())
+        return 1.0 / zone <= lo and hi <= zone
 
     def _final_rounds(self, sizes: list[int]) -> Comparison | None:
         """The final interleaved rounds: ``confirm_rounds`` first, then more (geometrically, at most three times
