@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import lightning as L
@@ -20,3 +23,12 @@ def quiet_trainer(**kwargs: Any) -> L.Trainer:
     )
     defaults.update(kwargs)
     return L.Trainer(**defaults)
+
+
+def load_benchmark_script(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` (a script outside the package) as a module, as a test would run it."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

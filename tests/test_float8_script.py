@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_benchmark_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "float8_vs_bf16.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("float8_vs_bf16", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("float8_vs_bf16")
 
 
 def test_float8_script_dry_run(capsys):

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from lightning_speedups import fast_train
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_schedule.py"
+from tests.helpers import load_benchmark_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("recipe_schedule", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("recipe_schedule")
 
 
 def test_recipe_schedule_default_entry_is_fast_trains_schedule():
