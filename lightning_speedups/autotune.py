@@ -9,6 +9,10 @@ only where its measured compile time is paid back within the planned run). The t
 planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model signature), so a
 second run skips the trials.
 
+Beyond faster steps, the plan adds time-to-accuracy ``methods`` (today the EMA of the weights) that reached the
+target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so their evidence is the bench's
+and only their per-step cost is measured here (``methods=[]`` leaves them out).
+
 Example::
 
     >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
@@ -33,6 +37,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_speedups._autotune_cache import PlanCache, plan_key
+from lightning_speedups._autotune_methods import check_methods, ema_choice, method_callbacks
 from lightning_speedups._autotune_trials import CANDIDATES, Choice, TrialContext
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
@@ -136,6 +141,7 @@ def autotune(
     datamodule_or_loaders: Any = None,
     *,
     candidates: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
     budget_s: float | None = None,
     margin: float = 0.05,
     cache: bool = True,
@@ -150,6 +156,13 @@ def autotune(
         model: the LightningModule to tune (plain or :class:`SpeedupMixin`); its ``training_step`` is timed.
         datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
         candidates: a subset of :func:`list_candidates` (default: all).
+        methods: time-to-accuracy methods to add (default: all, ``["ema"]``; ``[]`` for none). They need fewer
+            steps rather than faster ones, so a trial cannot time their benefit: each is in the default plan because
+            it reached the target sooner on both end-to-end bench tasks (see
+            :mod:`lightning_speedups._autotune_methods`), and its per-step cost is measured and reported. ``"ema"``
+            adds :class:`~lightning_speedups.callbacks.ema.EMA` (decay 0.99 with warm-up): validation and checkpoints
+            then use the averaged weights. It is left out, with a note, when ``trainer_kwargs`` already has an
+            averaging callback or a sharded strategy.
         budget_s: trial time; default 5% of the planned run (estimated from a first timed step, without data
             time). A candidate whose share of the budget cannot fit one comparison is not tried (with a note).
         margin: a candidate must beat the current plan by this fraction beyond noise.
@@ -160,12 +173,13 @@ def autotune(
             in the plan with the chosen precision.
 
     Raises:
-        SpeedupConfigError: an unknown candidate, ``budget_s`` <= 0, ``margin`` < 0, no training data.
+        SpeedupConfigError: an unknown candidate or method, ``budget_s`` <= 0, ``margin`` < 0, no training data.
     """
     names = list(CANDIDATES) if candidates is None else list(candidates)
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
         raise SpeedupConfigError(f"`candidates` has unknown names {unknown!r}. Allowed values: {list(CANDIDATES)!r}.")
+    method_names = check_methods(methods)
     if budget_s is not None:
         check_range("budget_s", budget_s, 0.0, None, low_inclusive=False, hint="seconds of trials, e.g. 30")
     check_range("margin", margin, 0.0, None)
@@ -176,7 +190,8 @@ def autotune(
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
     steps = _planned_steps(loader, trainer_kwargs)
     shapes = [list(t.shape) for t in flat_tensors(batch)]
-    key = plan_key(model, shapes, {"candidates": names, "margin": margin, "no_bf16": no_bf16, "device": str(device)})
+    key = plan_key(model, shapes, {"candidates": names, "methods": method_names, "margin": margin, "no_bf16": no_bf16,
+                                   "device": str(device)})
     store = PlanCache(cache_dir) if cache else None
     cached = store.get(key) if store is not None else None
     if cached is not None:
@@ -189,7 +204,7 @@ def autotune(
             if twin is not None:
                 settings["_replacement"] = twin
         plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model)
-        plan.from_cache, plan.notes = True, [*cached.get("notes", []), f"plan from the cache ({key})"]
+        plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
         return plan
     start = clock()
     ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
@@ -229,9 +244,16 @@ def autotune(
             + f") is below the {need_s:.2f}s one comparison needs. HINT: pass a larger `budget_s`; the plan is "
             "cached, so later runs skip the trials.",
         )
+    if "ema" in method_names:
+        choice, note = ema_choice(model, device, step_s, trainer_kwargs, clock)
+        if choice is not None:
+            choices.append(choice)
+            ctx.plan["ema"] = choice.chosen
+        else:
+            ctx.notes.append(str(note))
     settings = {k: v for k, v in ctx.plan.items() if k != "no_bf16"}
     plan = _build(settings, choices, trainer_kwargs, model)
-    plan.notes, plan.trial_s = ctx.notes, clock() - start
+    plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
     if store is not None:
         plain = {k: v for k, v in settings.items() if not k.startswith("_")}  # JSON only: no loader objects
         store.put(key, {"settings": plain, "choices": [c.as_dict() for c in choices], "notes": ctx.notes})
@@ -249,13 +271,15 @@ def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict
         from lightning_speedups.callbacks.compile import TorchCompile
 
         callbacks.append(TorchCompile())
+    notes: list[str] = []
+    callbacks += method_callbacks(settings, trainer_kwargs, notes)
     kwargs = dict(trainer_kwargs)
     kwargs["precision"] = settings.get("precision", "32-true")
     for choice in choices:
         if isinstance(choice.interval, list):
             choice.interval = tuple(choice.interval)  # type: ignore[assignment]
     kind, replacement = settings.pop("_replacement", (None, None))
-    plan = TunePlan(settings, choices, callbacks, kwargs)
+    plan = TunePlan(settings, choices, callbacks, kwargs, notes)
     if kind == "datamodule":
         plan.datamodule = replacement
     elif kind == "loader":

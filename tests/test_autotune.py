@@ -67,7 +67,7 @@ def test_autotune_keeps_only_measured_gains(monkeypatch):
     machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.7, "x4": 1.0, "fused": 0.85})
     _patched(monkeypatch, machine)
     plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last", "batch_size",
-                    "optimizer"], budget_s=2000.0, cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+                    "optimizer"], methods=[], budget_s=2000.0, cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
     chosen = {c.name: c.chosen for c in plan.choices}
     assert chosen == {"precision": "bf16-mixed", "channels_last": False, "batch_size": 2, "optimizer": "fused"}
     assert plan.trainer_kwargs == {"max_epochs": 1, "precision": "bf16-mixed"} and plan.callbacks == []
@@ -84,7 +84,7 @@ def test_autotune_keeps_only_measured_gains(monkeypatch):
 def test_autotune_compile_kept_only_when_paid_back(monkeypatch, planned_steps, kept):
     machine = FakeMachine({"compiled": 0.5}, compile_s=40.0)
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], budget_s=5000.0, cache=False,
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], methods=[], budget_s=5000.0, cache=False,
                     clock=machine.clock, max_steps=planned_steps)  # fmt: skip
     (choice,) = plan.choices
     assert choice.chosen is kept and ("not paid back" in choice.note) is not kept
@@ -94,7 +94,7 @@ def test_autotune_compile_kept_only_when_paid_back(monkeypatch, planned_steps, k
 def test_autotune_compile_not_tried_in_a_small_budget(monkeypatch):
     machine = FakeMachine({})
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], budget_s=10.0, cache=False,
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], methods=[], budget_s=10.0, cache=False,
                     clock=machine.clock)  # fmt: skip
     assert plan.choices == [] and any("compile not tried" in n for n in plan.notes)
 
@@ -128,8 +128,9 @@ def test_autotune_real_trials_leave_model_and_data_unchanged():
     model, loader = DemoClassifier(width=4), _loader()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    plan = autotune(model, loader, candidates=["channels_last", "optimizer"], budget_s=3.0, cache=False, max_epochs=1)
-    assert isinstance(plan, TunePlan) and {c.name for c in plan.choices} <= {"channels_last", "optimizer"}
+    plan = autotune(model, loader, candidates=["channels_last", "optimizer"], budget_s=3.0, cache=False,
+                    max_epochs=1)
+    assert isinstance(plan, TunePlan) and {c.name for c in plan.choices} <= {"channels_last", "optimizer", "ema"}
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(rng, torch.get_rng_state()) and loader.batch_size == 8
@@ -176,8 +177,8 @@ def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monke
     # note says why, and the trials cost only the 4 steps that sized the budget (no floor beyond the 5%)
     machine = FakeMachine({"bf16-mixed": 0.5})
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], cache=False,
-                    clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], methods=[],
+                    cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
     assert plan.choices == [] and machine.calls == 4
     assert plan.trial_s == pytest.approx(4.0, rel=0.15)
     assert "precision, channels_last not tried" in plan.notes[0]
@@ -185,7 +186,7 @@ def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monke
     # the same run with a budget that fits: both are measured
     machine = FakeMachine({"bf16-mixed": 0.5})
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], cache=False,
-                    budget_s=200.0, clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], methods=[],
+                    cache=False, budget_s=200.0, clock=machine.clock, max_epochs=1)  # fmt: skip
     assert [c.name for c in plan.choices] == ["precision", "channels_last"]
     assert plan.choices[0].chosen == "bf16-mixed"
