@@ -245,6 +245,10 @@ class ShapesDataModule(L.LightningDataModule):
         return v2.Compose(steps)
 
     def setup(self, stage: str | None = None) -> None:
+        drawn = (self.n_train, self.n_val, self.seed, self.noise)
+        if getattr(self, "_drawn", None) == drawn:  # drawing is deterministic: a second setup() keeps the tensors
+            return
+        self._drawn = drawn
         train = ShapesDataset(self.n_train, seed=self.seed, noise=self.noise)
         val = ShapesDataset(self.n_val, seed=self.seed + 1, noise=self.noise)
         self.train_images, self.train_labels = train.images, train.labels
