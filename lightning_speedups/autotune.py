@@ -3,11 +3,11 @@
 Where a recipe encodes choices that were right on the machine it was tuned on, ``autotune`` measures each one on the
 user's model, data and hardware: every candidate runs a few training steps of a copy of the model, timed
 interleaved against the current plan (:func:`~lightning_speedups.measure.compare`), and is kept only when it beats
-the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_last, batch size (with LR scaling),
-the fused/foreach optimizer, the data path (device-resident data vs DataLoader workers) and ``torch.compile`` (kept
-only where its measured compile time is paid back within the planned run). The trials take at most 5% of the
-planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model signature), so a
-second run skips the trials.
+the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_last, the data path
+(device-resident data vs the DataLoader), batch size (with LR scaling), the fused/foreach optimizer and
+``torch.compile`` (kept only where its measured compile time is paid back within the planned run). The trials take
+at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model
+signature), so a second run skips the trials.
 
 Beyond faster steps, the plan adds time-to-accuracy ``methods`` (today the EMA of the weights) that reached the
 target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so their evidence is the bench's
@@ -164,7 +164,8 @@ def autotune(
             then use the averaged weights. It is left out, with a note, when ``trainer_kwargs`` already has an
             averaging callback or a sharded strategy.
         budget_s: trial time; default 5% of the planned run (estimated from a first timed step, without data
-            time). A candidate whose share of the budget cannot fit one comparison is not tried (with a note).
+            time). Candidates are tried in order, each with an even share of what is left but at least one
+            comparison; once what is left cannot fit one comparison, the rest are not tried (with a note).
         margin: a candidate must beat the current plan by this fraction beyond noise.
         cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``).
         no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
@@ -229,17 +230,20 @@ def autotune(
     choices: list[Choice] = []
     too_small: list[str] = []
     for i, name in enumerate(names):
-        share = 1.0 / (len(names) - i)
-        if ctx.budget_left() * share < need_s and name != "compile":  # compile explains its own threshold
+        left = ctx.budget_left()
+        if left < need_s and name != "compile":  # compile explains its own threshold
             too_small.append(name)
             continue
+        # an even share of what is left, but at least one comparison: a small budget goes to the candidates in order
+        # (the largest effects first) instead of being split into shares too small for any of them
+        share = max(1.0 / (len(names) - i), min(1.0, need_s / max(left, 1e-12)))
         choice = CANDIDATES[name](ctx, share)
         if choice is not None:
             choices.append(choice)
     if too_small:
         ctx.notes.insert(
             0,
-            f"{', '.join(too_small)} not tried: each one's share of what was left of the trial budget ({budget_s:.2f}s"
+            f"{', '.join(too_small)} not tried: what was left of the trial budget ({budget_s:.2f}s in all"
             + (f", 5% of a planned run of about {steps * step_s:.1f}s" if budget_given is None else "")
             + f") is below the {need_s:.2f}s one comparison needs. HINT: pass a larger `budget_s`; the plan is "
             "cached, so later runs skip the trials.",

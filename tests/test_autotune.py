@@ -67,7 +67,8 @@ def test_autotune_keeps_only_measured_gains(monkeypatch):
     machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.7, "x4": 1.0, "fused": 0.85})
     _patched(monkeypatch, machine)
     plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last", "batch_size",
-                    "optimizer"], methods=[], budget_s=2000.0, cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+                    "optimizer"], methods=[], budget_s=2000.0, cache=False, clock=machine.clock,
+                    max_epochs=1)  # fmt: skip
     chosen = {c.name: c.chosen for c in plan.choices}
     assert chosen == {"precision": "bf16-mixed", "channels_last": False, "batch_size": 2, "optimizer": "fused"}
     assert plan.trainer_kwargs == {"max_epochs": 1, "precision": "bf16-mixed"} and plan.callbacks == []
@@ -84,8 +85,8 @@ def test_autotune_keeps_only_measured_gains(monkeypatch):
 def test_autotune_compile_kept_only_when_paid_back(monkeypatch, planned_steps, kept):
     machine = FakeMachine({"compiled": 0.5}, compile_s=40.0)
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], methods=[], budget_s=5000.0, cache=False,
-                    clock=machine.clock, max_steps=planned_steps)  # fmt: skip
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], methods=[], budget_s=5000.0,
+                    cache=False, clock=machine.clock, max_steps=planned_steps)  # fmt: skip
     (choice,) = plan.choices
     assert choice.chosen is kept and ("not paid back" in choice.note) is not kept
     assert [type(cb).__name__ for cb in plan.callbacks] == (["TorchCompile"] if kept else [])
@@ -169,7 +170,7 @@ def test_autotune_bad_input():
         autotune(DemoClassifier(width=4), _loader(), budget_s=0)
     with pytest.raises(SpeedupConfigError, match="`budget_s`=-1 is out of range"):
         autotune(DemoClassifier(width=4), _loader(), budget_s=-1)
-    assert list_candidates() == ["precision", "channels_last", "batch_size", "optimizer", "data", "compile"]
+    assert list_candidates() == ["precision", "channels_last", "data", "batch_size", "optimizer", "compile"]
 
 
 def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monkeypatch):
