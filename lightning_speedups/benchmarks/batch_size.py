@@ -104,7 +104,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     ours(max_val=32)
     lightning(max_trials=2)
     times: dict[str, list[float]] = {"lightning": [], "ours": []}
-    for _ in range(2 if quick else 3):  # interleaved, so machine noise reaches both alike
+    for _ in range(2 if quick else 5):  # interleaved, so machine noise reaches both alike (a search is 0.5-3 s)
         times["lightning"].append(lightning())
         times["ours"].append(ours())
     t_pl, t_ours = median(times["lightning"]), median(times["ours"])

@@ -98,6 +98,15 @@ def dataset_len(trainer: L.Trainer, fit_loader: DataLoader | None, probe: bool =
         return None
 
 
+def epoch_samples(trainer: L.Trainer, fit_loader: DataLoader | None, length: int | None) -> int | None:
+    """``length`` (training samples per device) when the training loader keeps its last partial batch
+    (``drop_last=False``, the default), so an epoch's cost includes that batch; ``None`` when it drops it."""
+    if length is None:
+        return None
+    loader = fit_loader if fit_loader is not None else fit_source_dataloader(trainer)
+    return None if getattr(loader, "drop_last", False) else length
+
+
 def batch_size_holders(trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> list[Any]:
     """Objects holding ``name``: model, datamodule, then their hparams (all are kept in sync)."""
     holders: list[Any] = []

@@ -29,6 +29,7 @@ from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._batch_size_trials import (
     batch_size_holders,
     dataset_len,
+    epoch_samples,
     fit_loader_problem,
     log_search,
     rebuild_loader,
@@ -292,6 +293,7 @@ class ThroughputBatchSizeFinder(Callback):
             allowed = lambda b: target % b == 0  # noqa: E731
             cap = min(cap, target)
         ladder = batch_size_ladder(min(self.config.init_val, cap), cap, allowed)
+        per_epoch = epoch_samples(trainer, self._fit_loader, length)
         optimizers = list(trainer.optimizers)
         schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -314,6 +316,7 @@ class ThroughputBatchSizeFinder(Callback):
                 result = search_batch_size(
                     lambda b: self._trial(trainer, pl_module, meter, b), self.config, ladder,
                     memory_budget_bytes=budget, memory_baseline=baseline, allowed=allowed, on_trial=on_trial,
+                    epoch_samples=per_epoch,
                 )
         except BaseException:
             self._set_size(trainer, pl_module, base)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CurveFit", "MAX_CHI2_PER_DOF", "fit_curve"]
+__all__ = ["CurveFit", "MAX_CHI2_PER_DOF", "epoch_factor", "fit_curve", "interpolate_per_sample"]
 
 MAX_CHI2_PER_DOF = 3.0  # a chi-square with 2 degrees of freedom exceeds 2 x 3.0 with probability e^-3 (5%)
 
@@ -125,3 +125,37 @@ def fit_curve(samples: Mapping[int, Sequence[float]], step_noise: float | None) 
         dof=dof,
         consistent=dof >= 2 and chi2 <= MAX_CHI2_PER_DOF,
     )
+
+
+def interpolate_per_sample(per_sample: Mapping[int, float], b: int) -> float:
+    """Per-sample time at size ``b`` from measured ones, linear in ``1 / b`` between the two measured neighbours
+    (exact for ``alpha / b + gamma``); below the smallest size, extrapolated from the two smallest (never cheaper than
+    the smallest); above the largest, the largest's. ``nan`` without measurements."""
+    sizes = sorted(s for s, p in per_sample.items() if math.isfinite(p) and p > 0)
+    if not sizes:
+        return math.nan
+    if b in per_sample and b in sizes:
+        return per_sample[b]
+    if b >= sizes[-1] or len(sizes) == 1:
+        return per_sample[sizes[-1]] if b >= sizes[-1] else per_sample[sizes[0]]
+    lo, hi = (sizes[0], sizes[1]) if b < sizes[0] else next(
+        (x, y) for x, y in zip(sizes, sizes[1:]) if x <= b <= y)
+    w = (1.0 / b - 1.0 / hi) / (1.0 / lo - 1.0 / hi)
+    value = per_sample[hi] + w * (per_sample[lo] - per_sample[hi])
+    return max(value, per_sample[sizes[0]]) if b < sizes[0] else value
+
+
+def epoch_factor(epoch_samples: int | None, b: int, per_sample: Callable[[int], float]) -> float:
+    """Per-sample cost of a whole epoch at batch ``b`` over that of full batches: without ``drop_last`` an epoch of
+    ``n`` samples ends with a partial batch of ``n % b`` samples, which runs at its own, higher per-sample cost
+    ``per_sample(n % b)``. 1.0 when the epoch length is unknown or divisible by ``b``. On 1438 digits, batch 1024
+    is one full step and one of 414: 0.87x of batch 1438's epoch throughput although its full steps were within 3%.
+    """
+    n = epoch_samples
+    if not n or b >= n or n % b == 0:
+        return 1.0
+    r = n % b
+    full, part = per_sample(b), per_sample(r)
+    if not (math.isfinite(full) and math.isfinite(part)) or full <= 0:
+        return 1.0
+    return ((n - r) * full + r * part) / (n * full)

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lightning_speedups.functional._batch_size_curve import CurveFit, fit_curve
+from lightning_speedups.functional._batch_size_curve import CurveFit, epoch_factor, fit_curve, interpolate_per_sample
 from lightning_speedups.measure import Comparison, compare
 
 __all__ = ["CURVE_Z", "Search", "per_sample_time", "trial_cost"]
@@ -62,10 +62,12 @@ class Search:
     """The state of one search: trials per size, the time spent, the climb's verdicts and the final comparison.
 
     ``run(b, extra)`` measures size ``b`` (``extra``: a re-measurement, kept out of the first-pass table).
+    ``epoch_samples``: samples per epoch (per rank) when the loader keeps its last partial batch; sizes are then
+    ranked by the cost of a whole epoch (:func:`~._batch_size_curve.epoch_factor`), not of full batches only.
     """
 
-    def __init__(self, run: Callable[[int, bool], Any], config: Any) -> None:
-        self._run, self.cfg = run, config
+    def __init__(self, run: Callable[[int, bool], Any], config: Any, epoch_samples: int | None = None) -> None:
+        self._run, self.cfg, self.epoch_samples = run, config, epoch_samples
         self.by_size: dict[int, list[Any]] = {}
         self.spent_s = 0.0
         self.extra_s = 0.0  # of spent_s: re-measurements (the climb's confirmations and the final check)
@@ -114,7 +116,31 @@ class Search:
         return self.cfg.confirm_rounds > 1 and any(t.step_times for ts in self.by_size.values() for t in ts)
 
     def rate(self, b: int) -> float:
-        """Samples/s of size ``b``: the median over its trials (the last trial's ``samples_per_s`` without noise)."""
+        """Samples/s of size ``b`` over a whole epoch (:meth:`epoch_factor`) from :meth:`step_rate`."""
+        step = self.step_rate(b)
+        return step / self.epoch_factor(b) if step > 0 else step
+
+    def epoch_factor(self, b: int, curve: CurveFit | None = None) -> float:
+        """An epoch's per-sample cost at ``b`` over full batches' (1.0 without ``epoch_samples``): the partial last
+        batch priced by ``curve``, else interpolated from the measured sizes."""
+        if not self.epoch_samples:
+            return 1.0
+        if curve is not None:
+            return epoch_factor(self.epoch_samples, b, curve.per_sample)
+        per = {s: 1.0 / r for s in self.by_size if (r := self.step_rate(s)) > 0}
+        return epoch_factor(self.epoch_samples, b, lambda x: interpolate_per_sample(per, x))
+
+    def epoch_words(self, sizes: Sequence[int]) -> str:
+        """A note when the partial last batch changed the cost of one of ``sizes`` by more than 1%."""
+        moved = [b for b in sizes if self.epoch_factor(b) > 1.01]
+        if not moved:
+            return ""
+        return (f"; ranked by the cost of a whole {self.epoch_samples}-sample epoch (its last, partial batch: "
+                + ", ".join(f"{b}: {self.epoch_samples % b} samples, {self.epoch_factor(b):.2f}x" for b in moved) + ")")
+
+    def step_rate(self, b: int) -> float:
+        """Samples/s of full batches of size ``b``: the median over its trials (the last trial's ``samples_per_s``
+        without noise)."""
         ok = [t for t in self.by_size.get(b, []) if t.ok]
         if not ok:
             return 0.0
@@ -174,8 +200,10 @@ class Search:
             return None
         start = self.spent_s
 
+        factors = {b: self.epoch_factor(b) for b in sizes}  # fixed for the whole comparison
+
         def trial(b: int) -> Callable[[], float]:
-            return lambda: per_sample_time(self.run(b, True))
+            return lambda: per_sample_time(self.run(b, True)) * factors[b]
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # too few rounds is reported by the finder, in its own words
@@ -198,7 +226,8 @@ class Search:
         could confirm a stop, the ladder goes on unconfirmed (the final choice re-measures the fastest sizes anyway).
         """
         threshold = 1.0 + self.cfg.min_gain
-        first = per_sample_time(self.by_size[a][-1]) / max(per_sample_time(self.by_size[b][-1]), 1e-12)
+        first = (per_sample_time(self.by_size[a][-1]) * self.epoch_factor(a)
+                 / max(per_sample_time(self.by_size[b][-1]) * self.epoch_factor(b), 1e-12))
         if first > threshold or not self.guarded:
             # a gain only continues the climb (the final choice re-checks it); without noise, the single-trial rules
             return "gain" if first > threshold else ("small" if first >= 1.0 else "dip")
@@ -212,6 +241,7 @@ class Search:
             return verdict
         if curve is not None and curve.consistent:  # every size so far agrees with one smooth curve: it decides
             log_gain, se = curve.log_ratio(a, b)
+            log_gain += math.log(self.epoch_factor(a, curve) / self.epoch_factor(b, curve))
             limit = math.log(threshold)
             if abs(log_gain - limit) > CURVE_Z * se:
                 verdict = "gain" if log_gain > limit else ("small" if log_gain >= 0 else "dip")
@@ -246,6 +276,14 @@ class Search:
         return min(b for b in good if self.rate(b) >= (1.0 - self.cfg.min_gain) * top)
 
     def choose(self, good: list[int]) -> int:
+        """The final size among the measured ``good`` ones (:meth:`_choose`); the note says when the partial last
+        batch of an epoch changed the ranking's costs."""
+        chosen = self._choose(good)
+        if self.note:
+            self.note += self.epoch_words(sorted(good))
+        return chosen
+
+    def _choose(self, good: list[int]) -> int:
         """The final size among the measured ``good`` ones (ascending), re-measured interleaved when noisy.
 
         The candidates are the ``confirm_top`` fastest sizes (pooled medians); they run in fresh shuffled rounds
@@ -267,7 +305,7 @@ class Search:
             self.note = f"{sizes} differ by more than 4 sigma of the measured step noise ({noise:.1%}): no re-check"
             return point
         if curve is not None and curve.consistent:
-            pred = {b: curve.per_sample(b) for b in good}
+            pred = {b: curve.per_sample(b) * self.epoch_factor(b, curve) for b in good}
             fastest = min(pred, key=lambda b: pred[b])
             pick = min(b for b in good if pred[b] <= (1.0 + self.cfg.min_gain) * pred[fastest])
             # the contenders: sizes predicted within 3 x min_gain of the fastest (the others are clearly slower)

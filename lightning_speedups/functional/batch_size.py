@@ -249,6 +249,7 @@ def search_batch_size(
     memory_baseline: int = 0,
     allowed: Callable[[int], bool] | None = None,
     on_trial: Callable[[BatchSizeTrial], None] | None = None,
+    epoch_samples: int | None = None,
 ) -> BatchSizeSearchResult:
     """Walk ``ladder`` (ascending sizes) calling ``measure`` and choose one size by ``config.mode``.
 
@@ -257,7 +258,8 @@ def search_batch_size(
     ``refine_steps`` > 0). When the trials carry step times, timing noise is guarded against (see
     :mod:`lightning_speedups.functional._batch_size_policy`): a stop needs paired re-measurements that clear the
     noise, and the fastest sizes are re-measured interleaved before the choice. ``measure`` is the injectable
-    timing: a test can return trials with seeded noise.
+    timing: a test can return trials with seeded noise. ``epoch_samples`` (samples per epoch and rank, for a loader
+    that keeps its last partial batch) ranks sizes by the cost of a whole epoch, that partial batch included.
 
     Returns:
         A :class:`BatchSizeSearchResult` (``search_time_s`` is left for the caller to fill).
@@ -287,7 +289,7 @@ def search_batch_size(
             on_trial(t)
         return t
 
-    search = Search(run, config)
+    search = Search(run, config, epoch_samples)
 
     def predicted(b: int) -> float:
         ok = sorted((t for t in trials if t.ok), key=lambda t: t.batch_size)
