@@ -66,13 +66,15 @@ def time_to_accuracy(
     task: str = "digits",
     no_bf16: bool = False,
     cache_dir: str | None = None,
+    accelerator: str = "cpu",
 ) -> TimeToTarget:
     """Train the baseline, the recipe or the autotuned baseline once from ``seed``; the recorder holds the curve and
     the time (the recipe's probe and ``autotune``'s trials included).
 
     The baseline and the autotuned plan may run up to ``max_epochs``; the recipe's schedule spans ``recipe_epochs``
     at ``batch_size`` (the baseline's 32 by default). All stop as soon as they reach ``target``. The ``*_cached``
-    kinds read ``cache_dir`` (filled by :func:`fill_caches`); the others measure afresh.
+    kinds read ``cache_dir`` (filled by :func:`fill_caches`); the others measure afresh. Every kind trains on
+    ``accelerator`` (``"cuda"`` in the GPU check, ``benchmarks/gpu_check.py``).
     """
     L.seed_everything(seed, verbose=False)
     recorder = TrainClock(target)  # training time: validation (every half epoch, on every side) is not counted
@@ -81,7 +83,7 @@ def time_to_accuracy(
     if kind.startswith("autotune") or kind == "baseline":
         model = DemoClassifier(width=width, optimizer_config=OptimizerConfig("adam", lr=1e-3))
         callbacks: list[L.Callback] = []
-        kwargs: dict[str, Any] = dict(accelerator="cpu", devices=1, max_epochs=max_epochs)
+        kwargs: dict[str, Any] = dict(accelerator=accelerator, devices=1, max_epochs=max_epochs)
         extra_s = 0.0
         if kind != "baseline":
             data.setup("fit")  # data setup: uncounted on every side (the baseline's runs inside fit, before its clock)
@@ -95,7 +97,7 @@ def time_to_accuracy(
         model = DemoClassifier(width=width)
         start = time.perf_counter()
         recipe = fast_train(model=model, max_epochs=recipe_epochs, precision="32-true" if no_bf16 else "auto",
-                            cache=cached, cache_dir=cache_dir, **_QUIET)  # fmt: skip
+                            cache=cached, cache_dir=cache_dir, accelerator=accelerator, **_QUIET)  # fmt: skip
         recipe.apply(model)
         callbacks, kwargs = recipe
         extra_s = time.perf_counter() - start
@@ -112,16 +114,17 @@ def time_to_accuracy(
     return recorder
 
 
-def fill_caches(task: str, max_epochs: int, width: int, recipe_epochs: int, no_bf16: bool, cache_dir: str) -> float:
+def fill_caches(task: str, max_epochs: int, width: int, recipe_epochs: int, no_bf16: bool, cache_dir: str,
+                accelerator: str = "cpu") -> float:
     """Measure once, untimed in the rows: the recipe's probe and an autotune plan with ``budget_s=10``; returns the
     seconds it took (reported in the notes)."""
     start = time.perf_counter()
     L.seed_everything(0, verbose=False)
-    fast_train(model=DemoClassifier(width=width), max_epochs=recipe_epochs,
-               precision="32-true" if no_bf16 else "auto", cache_dir=cache_dir, **_QUIET)  # fmt: skip
+    fast_train(model=DemoClassifier(width=width), max_epochs=recipe_epochs, precision="32-true" if no_bf16 else "auto",
+               cache_dir=cache_dir, accelerator=accelerator, **_QUIET)  # fmt: skip
     model = DemoClassifier(width=width, optimizer_config=OptimizerConfig("adam", lr=1e-3))
     autotune(model, TASKS[task][0](), budget_s=AUTOTUNE_ONCE_BUDGET_S, cache_dir=cache_dir, no_bf16=no_bf16,
-             accelerator="cpu", devices=1, max_epochs=max_epochs)  # fmt: skip
+             accelerator=accelerator, devices=1, max_epochs=max_epochs)  # fmt: skip
     return time.perf_counter() - start
 
 
