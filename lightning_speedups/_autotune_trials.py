@@ -184,19 +184,20 @@ def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
 
 def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
     # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won
-    scale, rounds, gain, interval, note = 1, 0, 1.0, (1.0, 1.0), ""
+    scale, rounds, gain, interval, stopped = 1, 0, 1.0, (1.0, 1.0), ""
     for trial in (2, 4):
         fns = {"smaller": make_step(ctx, {**ctx.plan, "batch_scale": trial // 2}, steps=2),
                "larger": make_step(ctx, {**ctx.plan, "batch_scale": trial}, steps=1)}  # fmt: skip
         result = ctx.compare(fns, "smaller", share / 2)
         rounds += result.trials
-        note = result.note
         if result.winner != "larger":
+            stopped = f"x{trial} vs x{trial // 2}: " + (result.note or "not faster")
             break
-        lo, mid, hi = result.ratios["larger"]
-        scale, gain, interval = trial, gain * mid, (lo, hi)
+        lo, mid, hi = result.ratios["larger"]  # x4 is x2 times x4-over-x2: the gains and their bounds multiply
+        scale, gain, interval = trial, gain * mid, (interval[0] * lo, interval[1] * hi)
     ctx.plan["batch_scale"] = scale
-    note = note or (f"batch x{scale}: {gain:.2f}x the samples/s" if scale > 1 else "larger batches not faster")
+    kept = f"batch x{scale}: {gain:.2f}x the samples/s" if scale > 1 else "larger batches not faster"
+    note = kept + (f" ({stopped})" if stopped and scale > 1 else f": {stopped}" if stopped else "")
     return Choice("batch_size", scale, [1, 2, 4], gain, interval, rounds, note)
 
 

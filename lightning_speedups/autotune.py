@@ -229,10 +229,12 @@ def autotune(
     need_s = 2 * (1 + 5) * step_s
     choices: list[Choice] = []
     too_small: list[str] = []
+    left_at_skip = 0.0
     for i, name in enumerate(names):
         left = ctx.budget_left()
         if left < need_s and name != "compile":  # compile explains its own threshold
             too_small.append(name)
+            left_at_skip = left if len(too_small) == 1 else left_at_skip
             continue
         # an even share of what is left, but at least one comparison: a small budget goes to the candidates in order
         # (the largest effects first) instead of being split into shares too small for any of them
@@ -243,7 +245,8 @@ def autotune(
     if too_small:
         ctx.notes.insert(
             0,
-            f"{', '.join(too_small)} not tried: what was left of the trial budget ({budget_s:.2f}s in all"
+            f"{', '.join(too_small)} not tried: what was left of the trial budget ({max(left_at_skip, 0.0):.2f}s of "
+            f"{budget_s:.2f}s"
             + (f", 5% of a planned run of about {steps * step_s:.1f}s" if budget_given is None else "")
             + f") is below the {need_s:.2f}s one comparison needs. HINT: pass a larger `budget_s`; the plan is "
             "cached, so later runs skip the trials.",
