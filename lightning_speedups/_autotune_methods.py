@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from torch import nn
 
 from lightning_speedups._autotune_trials import Choice, _detached_copy
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA, SHARDED_STRATEGIES
+from lightning_speedups.functional.ema import create_ema_model
 
 __all__ = ["EMA_DECAY", "METHODS", "check_methods", "ema_blocker", "ema_choice", "method_callbacks"]
 
@@ -48,14 +48,15 @@ def check_methods(methods: Sequence[str] | None) -> list[str]:
 
 
 def ema_blocker(trainer_kwargs: dict[str, Any]) -> str | None:
-    """Why the EMA cannot join this run (``None``: it can): another averaging callback, or a sharded strategy."""
+    """Why the EMA cannot join this run (``None``: it can), before any Trainer exists: what :meth:`EMA.setup`
+    refuses, another averaging callback or a sharded strategy (here also given by name)."""
     callbacks = trainer_kwargs.get("callbacks") or []
     callbacks = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
-    others = [type(cb).__name__ for cb in callbacks if isinstance(cb, (WeightAveraging, StochasticWeightAveraging))]
+    others = [type(cb).__name__ for cb in callbacks if isinstance(cb, AVERAGING_CALLBACKS)]
     if others:
         return f"the Trainer already averages weights ({', '.join(others)})"
     strategy = trainer_kwargs.get("strategy")
-    sharded = isinstance(strategy, (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)) or (
+    sharded = isinstance(strategy, SHARDED_STRATEGIES) or (
         isinstance(strategy, str) and any(word in strategy.lower() for word in ("fsdp", "deepspeed")))
     if sharded:
         return f"`strategy`={strategy!r} is sharded (the average would be a full copy on every rank)"
@@ -69,8 +70,6 @@ def ema_choice(model: nn.Module, device: torch.device, step_s: float, trainer_kw
     why = ema_blocker(trainer_kwargs)
     if why is not None:
         return None, f"ema not added: {why}"
-    from lightning_speedups.functional.ema import create_ema_model
-
     copy = _detached_copy(model).to(device)
     average = create_ema_model(copy, decay=EMA_DECAY, warmup=True)
     times = []
@@ -97,6 +96,4 @@ def method_callbacks(settings: dict[str, Any], trainer_kwargs: dict[str, Any], n
     if why is not None:
         notes.append(f"ema not added: {why}")
         return []
-    from lightning_speedups.callbacks.ema import EMA
-
     return [EMA(decay=float(settings["ema"]), warmup=True)]

@@ -233,8 +233,9 @@ def autotune(
     for i, name in enumerate(names):
         left = ctx.budget_left()
         if left < need_s and name != "compile":  # compile explains its own threshold
+            if not too_small:  # the budget only shrinks: what was left when the first one did not fit
+                left_at_skip = left
             too_small.append(name)
-            left_at_skip = left if len(too_small) == 1 else left_at_skip
             continue
         # an even share of what is left, but at least one comparison: a small budget goes to the candidates in order
         # (the largest effects first) instead of being split into shares too small for any of them

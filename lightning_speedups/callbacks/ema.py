@@ -15,9 +15,10 @@ from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model
 
-__all__ = ["EMA"]
+__all__ = ["AVERAGING_CALLBACKS", "EMA", "SHARDED_STRATEGIES"]
 
-_SHARDED = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)
+SHARDED_STRATEGIES = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # the average would be unsharded
+AVERAGING_CALLBACKS = (WeightAveraging, StochasticWeightAveraging)  # each rewrites the checkpoint's state_dict
 
 
 def _check_step(name: str, value: Any, low: int, allow_none: bool) -> None:
@@ -102,7 +103,7 @@ class EMA(EMAWeightAveraging):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
-            if isinstance(trainer.strategy, _SHARDED):
+            if isinstance(trainer.strategy, SHARDED_STRATEGIES):
                 raise SpeedupConfigError(
                     f"`strategy`={type(trainer.strategy).__name__} is not supported by EMA. Allowed values: single "
                     "device, 'ddp', 'ddp_spawn' (unsharded strategies). HINT: the average would be a full unsharded "
@@ -111,7 +112,7 @@ class EMA(EMAWeightAveraging):
             others = [
                 type(cb).__name__
                 for cb in trainer.callbacks
-                if cb is not self and isinstance(cb, (WeightAveraging, StochasticWeightAveraging))
+                if cb is not self and isinstance(cb, AVERAGING_CALLBACKS)
             ]
             if others:
                 raise SpeedupConfigError(

@@ -134,10 +134,10 @@ def interpolate_per_sample(per_sample: Mapping[int, float], b: int) -> float:
     sizes = sorted(s for s, p in per_sample.items() if math.isfinite(p) and p > 0)
     if not sizes:
         return math.nan
-    if b in per_sample and b in sizes:
+    if b in sizes:
         return per_sample[b]
-    if b >= sizes[-1] or len(sizes) == 1:
-        return per_sample[sizes[-1]] if b >= sizes[-1] else per_sample[sizes[0]]
+    if b >= sizes[-1] or len(sizes) == 1:  # above the largest, or one size only: its value
+        return per_sample[sizes[-1]]
     lo, hi = (sizes[0], sizes[1]) if b < sizes[0] else next(
         (x, y) for x, y in zip(sizes, sizes[1:]) if x <= b <= y)
     w = (1.0 / b - 1.0 / hi) / (1.0 / lo - 1.0 / hi)
