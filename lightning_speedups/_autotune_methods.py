@@ -8,28 +8,46 @@ target sooner on both of its tasks; its per-step cost *is* measured here, on a c
 warm-up decay, validated and checkpointed with the averaged weights. On the bench's plain baseline (constant Adam
 1e-3, batch 32, fp32), validated every half epoch, it cut the half epochs to the target from [6, 6, 7, 5] to
 [3, 4, 3, 3] on digits (95%, seeds 0-3) and from [3, 5, 4] to [2, 2, 2] on shapes (90%, seeds 0-2), measured 2026-12-01.
+
+``schedule``: :class:`~lightning_speedups.callbacks.fast_schedule.FastSchedule` on the user's optimizer: a warm-up of a
+quarter epoch (at most 5% of the planned run), a peak of 3x the optimizer's lr, then a linear decay to zero at the end
+of the planned run. On the bench's baseline with autotune's step-time plan and the EMA (fp32, seeds 0-4, validated
+every quarter epoch) it cut the quarter epochs to the target from [8, 7, 8, 7, 7] to [6, 7, 5, 4, 6] on digits and
+from [5, 6, 5, 6, 6] to [4, 4, 4, 5, 5] on shapes, measured 2026-12-01 (``python benchmarks/autotune_methods.py``). The
+warm-up matters: 5% of the bench's 12-epoch plan (0.6 epoch) gave [7, 7, 6, 7, 7] and [5, 6, 5, 5, 5]. It needs a
+module that returns only its optimizer, automatic optimization and a bounded run; otherwise it is left out, with a
+note. A plain module whose batch autotune enlarged gets the peak scaled by the square-root rule too (a
+:class:`~lightning_speedups.optim.SpeedupMixin` model's lr is already scaled by :meth:`TunePlan.apply`).
 """
 
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch import nn
 
 from lightning_speedups._autotune_trials import Choice, _detached_copy
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA, SHARDED_STRATEGIES
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.functional.ema import create_ema_model
+from lightning_speedups.optim import SpeedupMixin
 
-__all__ = ["EMA_DECAY", "METHODS", "check_methods", "ema_blocker", "ema_choice", "method_callbacks"]
+__all__ = ["EMA_DECAY", "METHODS", "SCHEDULE_PEAK", "check_methods", "ema_blocker", "ema_choice", "method_callbacks",
+           "schedule_blocker", "schedule_choice", "schedule_warmup"]
 
-METHODS = ("ema",)
+METHODS = ("ema", "schedule")
 EMA_DECAY = 0.99
+SCHEDULE_PEAK = 3.0
 _EVIDENCE = ("on the bench's plain baseline it reached the target in [3, 4, 3, 3] instead of [6, 6, 7, 5] half "
              "epochs (digits) and [2, 2, 2] instead of [3, 5, 4] (shapes)")
+_SCHEDULE_EVIDENCE = ("on the bench's baseline with the EMA it reached the target in [6, 7, 5, 4, 6] instead of "
+                      "[8, 7, 8, 7, 7] quarter epochs (digits) and [4, 4, 4, 5, 5] instead of [5, 6, 5, 6, 6] (shapes)")
 
 
 def check_methods(methods: Sequence[str] | None) -> list[str]:
@@ -39,7 +57,7 @@ def check_methods(methods: Sequence[str] | None) -> list[str]:
     if isinstance(methods, str):
         raise SpeedupConfigError(f"`methods`={methods!r} is a string. Allowed values: a list of names from "
                                  f"{list(METHODS)!r}, e.g. ['ema'], or [] for none.")
-    names = list(methods)
+    names = list(dict.fromkeys(methods))
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise SpeedupConfigError(f"`methods` has unknown names {unknown!r}. Allowed values: {list(METHODS)!r} "
@@ -88,12 +106,89 @@ def ema_choice(model: nn.Module, device: torch.device, step_s: float, trainer_kw
     return Choice("ema", EMA_DECAY, [None, EMA_DECAY], gain, (gain, gain), len(times) - 1, note), None
 
 
-def method_callbacks(settings: dict[str, Any], trainer_kwargs: dict[str, Any], notes: list[str]) -> list[Any]:
-    """The callbacks of the plan's methods (a cached plan too); one the run cannot take is left out with a note."""
-    if not settings.get("ema"):
-        return []
-    why = ema_blocker(trainer_kwargs)
+def _returns_scheduler(conf: Any) -> bool:
+    """Whether a ``configure_optimizers`` return value (any form Lightning accepts) holds an LR scheduler."""
+    if isinstance(conf, dict):
+        return conf.get("lr_scheduler") is not None
+    if isinstance(conf, (list, tuple)):
+        if len(conf) == 2 and isinstance(conf[0], (list, tuple)):  # ([optimizers], [schedulers])
+            return bool(conf[1])
+        return any(_returns_scheduler(c) for c in conf)
+    return isinstance(conf, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
+
+
+def _bounded(trainer_kwargs: dict[str, Any]) -> bool:
+    steps, epochs = trainer_kwargs.get("max_steps"), trainer_kwargs.get("max_epochs")
+    return (steps is not None and steps != -1) or (epochs is not None and epochs != -1)
+
+
+def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any]) -> str | None:
+    """Why the schedule cannot join this run (``None``: it can), before any Trainer exists: what
+    :class:`FastSchedule` refuses (a module that returns a scheduler, manual optimization, an unbounded run), and a
+    Trainer that already has a callback owning the LR (another FastSchedule, StochasticWeightAveraging's SWALR)."""
+    if not getattr(model, "automatic_optimization", True):
+        return "the module uses manual optimization (Lightning does not step LR schedulers then)"
+    if not _bounded(trainer_kwargs):
+        return "the run has no planned length (pass max_epochs or max_steps): the decay must end with the run"
+    callbacks = trainer_kwargs.get("callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
+    owners = [type(cb).__name__ for cb in callbacks if isinstance(cb, (FastSchedule, StochasticWeightAveraging))]
+    if owners:
+        return f"the Trainer already has a callback that sets the learning rate ({', '.join(owners)})"
+    copy = _detached_copy(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            conf = copy.configure_optimizers()
+    except Exception as err:  # e.g. it reads self.trainer, which only a fit attaches
+        return (f"could not check whether `configure_optimizers` returns a scheduler outside a fit "
+                f"({type(err).__name__}: {err})")
+    if _returns_scheduler(conf):
+        return f"`{type(model).__name__}.configure_optimizers` already returns an LR scheduler"
+    return None
+
+
+def schedule_warmup(loader_steps: int | None, planned_steps: int) -> float:
+    """The warm-up as a fraction of the planned run: a quarter epoch, at most 5% (5% when the epoch length is
+    unknown); a fraction stays right when the plan changes the batch size (both counts scale alike)."""
+    if not loader_steps:
+        return 0.05
+    return min(0.05, 0.25 * loader_steps / max(planned_steps, 1))
+
+
+def schedule_choice(model: nn.Module, trainer_kwargs: dict[str, Any]) -> tuple[Choice | None, str | None]:
+    """The schedule as a plan choice; ``(None, note)`` when :func:`schedule_blocker` refuses it. It costs nothing per
+    step (one ``LambdaLR`` step), so nothing is timed: its evidence is the bench's."""
+    why = schedule_blocker(model, trainer_kwargs)
     if why is not None:
-        notes.append(f"ema not added: {why}")
-        return []
-    return [EMA(decay=float(settings["ema"]), warmup=True)]
+        return None, f"schedule not added: {why}"
+    note = (f"a schedule for time to target (FastSchedule: warm-up of a quarter epoch, at most 5% of the run, to "
+            f"{SCHEDULE_PEAK:g}x the optimizer's lr, then linear decay to the end of the planned run): not timed for "
+            f"accuracy here, {_SCHEDULE_EVIDENCE}. Pass `methods=['ema']` to keep your constant learning rate.")
+    return Choice("schedule", SCHEDULE_PEAK, [None, SCHEDULE_PEAK], 1.0, (1.0, 1.0), 0, note), None
+
+
+def method_callbacks(settings: dict[str, Any], trainer_kwargs: dict[str, Any], notes: list[str], model: Any = None,
+                     warmup: float = 0.05, base_batch: int | None = None) -> list[Any]:
+    """The callbacks of the plan's methods (a cached plan too); one the run cannot take is left out with a note.
+
+    ``warmup`` is the schedule's warm-up fraction (:func:`schedule_warmup`); ``base_batch``, the user's batch size,
+    lets the schedule scale a plain module's peak when the plan enlarged the batch."""
+    callbacks: list[Any] = []
+    if settings.get("ema"):
+        why = ema_blocker(trainer_kwargs)
+        if why is None:
+            callbacks.append(EMA(decay=float(settings["ema"]), warmup=True))
+        else:
+            notes.append(f"ema not added: {why}")
+    if settings.get("schedule"):
+        why = schedule_blocker(model, trainer_kwargs) if model is not None else None
+        if why is not None:
+            notes.append(f"schedule not added: {why}")
+            return callbacks
+        scale = int(settings.get("batch_scale", 1))
+        scaled = scale > 1 and base_batch and not isinstance(model, SpeedupMixin)
+        callbacks.append(FastSchedule(warmup=warmup, peak_factor=float(settings["schedule"]), decay="linear",
+                                      base_batch_size=base_batch if scaled else None,
+                                      batch_size=base_batch * scale if scaled else None))  # fmt: skip
+    return callbacks

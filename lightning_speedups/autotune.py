@@ -9,9 +9,9 @@ the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_
 at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model
 signature), so a second run skips the trials.
 
-Beyond faster steps, the plan adds time-to-accuracy ``methods`` (today the EMA of the weights) that reached the
-target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so their evidence is the bench's
-and only their per-step cost is measured here (``methods=[]`` leaves them out).
+Beyond faster steps, the plan adds time-to-accuracy ``methods`` (the EMA of the weights and a schedule for time to
+target) that reached the target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so
+their evidence is the bench's and only their per-step cost is measured here (``methods=[]`` leaves them out).
 
 Example::
 
@@ -37,7 +37,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_speedups._autotune_cache import PlanCache, plan_key
-from lightning_speedups._autotune_methods import check_methods, ema_choice, method_callbacks
+from lightning_speedups._autotune_methods import (
+    check_methods,
+    ema_choice,
+    method_callbacks,
+    schedule_choice,
+    schedule_warmup,
+)
 from lightning_speedups._autotune_trials import CANDIDATES, Choice, TrialContext
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
@@ -156,13 +162,18 @@ def autotune(
         model: the LightningModule to tune (plain or :class:`SpeedupMixin`); its ``training_step`` is timed.
         datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
         candidates: a subset of :func:`list_candidates` (default: all).
-        methods: time-to-accuracy methods to add (default: all, ``["ema"]``; ``[]`` for none). They need fewer
-            steps rather than faster ones, so a trial cannot time their benefit: each is in the default plan because
-            it reached the target sooner on both end-to-end bench tasks (see
+        methods: time-to-accuracy methods to add (default: all, ``["ema", "schedule"]``; ``[]`` for none). They
+            need fewer steps rather than faster ones, so a trial cannot time their benefit: each is in the default
+            plan because it reached the target sooner on both end-to-end bench tasks (see
             :mod:`lightning_speedups._autotune_methods`), and its per-step cost is measured and reported. ``"ema"``
             adds :class:`~lightning_speedups.callbacks.ema.EMA` (decay 0.99 with warm-up): validation and checkpoints
             then use the averaged weights. It is left out, with a note, when ``trainer_kwargs`` already has an
-            averaging callback or a sharded strategy.
+            averaging callback or a sharded strategy. ``"schedule"`` adds
+            :class:`~lightning_speedups.callbacks.fast_schedule.FastSchedule` on the model's optimizer: a warm-up of a
+            quarter epoch (at most 5% of the run) to 3x its lr, then a linear decay to the end of the planned run
+            (a plain module's peak also follows a batch the plan enlarged, by the square-root rule). It is left out,
+            with a note, when ``configure_optimizers`` returns a scheduler (or cannot be called outside a fit), under
+            manual optimization, without ``max_epochs``/``max_steps``, or when a callback already sets the lr.
         budget_s: trial time; default 5% of the planned run (estimated from a first timed step, without data
             time). Candidates are tried in order, each with an even share of what is left but at least one
             comparison; once what is left cannot fit one comparison, the rest are not tried (with a note).
@@ -191,6 +202,7 @@ def autotune(
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
     steps = _planned_steps(loader, trainer_kwargs)
     shapes = [list(t.shape) for t in flat_tensors(batch)]
+    shape = _run_shape(loader, steps, shapes)
     key = plan_key(model, shapes, {"candidates": names, "methods": method_names, "margin": margin, "no_bf16": no_bf16,
                                    "device": str(device)})
     store = PlanCache(cache_dir) if cache else None
@@ -204,7 +216,7 @@ def autotune(
             twin = _device_twin(ctx0)
             if twin is not None:
                 settings["_replacement"] = twin
-        plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model)
+        plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model, shape)
         plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
         return plan
     start = clock()
@@ -259,8 +271,15 @@ def autotune(
             ctx.plan["ema"] = choice.chosen
         else:
             ctx.notes.append(str(note))
+    if "schedule" in method_names:
+        choice, note = schedule_choice(model, trainer_kwargs)
+        if choice is not None:
+            choices.append(choice)
+            ctx.plan["schedule"] = choice.chosen
+        else:
+            ctx.notes.append(str(note))
     settings = {k: v for k, v in ctx.plan.items() if k != "no_bf16"}
-    plan = _build(settings, choices, trainer_kwargs, model)
+    plan = _build(settings, choices, trainer_kwargs, model, shape)
     plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
     if store is not None:
         plain = {k: v for k, v in settings.items() if not k.startswith("_")}  # JSON only: no loader objects
@@ -269,7 +288,19 @@ def autotune(
     return plan
 
 
-def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict[str, Any], model: Any) -> TunePlan:
+def _run_shape(loader: Any, steps: int, shapes: list[list[int]]) -> tuple[float, int | None]:
+    """What the methods need to know of the planned run: the schedule's warm-up fraction, the user's batch size."""
+    try:
+        per_epoch: int | None = len(loader)
+    except TypeError:
+        per_epoch = None
+    size = getattr(loader, "batch_size", None)
+    base_batch = size if isinstance(size, int) else (shapes[0][0] if shapes and shapes[0] else None)
+    return schedule_warmup(per_epoch, steps), base_batch
+
+
+def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict[str, Any], model: Any,
+           shape: tuple[float, int | None]) -> TunePlan:
     callbacks: list[L.Callback] = []
     if settings.get("channels_last"):
         from lightning_speedups.callbacks.channels_last import ChannelsLast
@@ -280,7 +311,7 @@ def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict
 
         callbacks.append(TorchCompile())
     notes: list[str] = []
-    callbacks += method_callbacks(settings, trainer_kwargs, notes)
+    callbacks += method_callbacks(settings, trainer_kwargs, notes, model, *shape)
     kwargs = dict(trainer_kwargs)
     kwargs["precision"] = settings.get("precision", "32-true")
     for choice in choices:
