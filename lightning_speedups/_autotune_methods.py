@@ -11,13 +11,16 @@ warm-up decay, validated and checkpointed with the averaged weights. On the benc
 
 ``schedule``: :class:`~lightning_speedups.callbacks.fast_schedule.FastSchedule` on the user's optimizer: a warm-up of a
 quarter epoch (at most 5% of the planned run), a peak of 3x the optimizer's lr, then a linear decay to zero at the end
-of the planned run. On the bench's baseline with autotune's step-time plan and the EMA (fp32, seeds 0-4, validated
-every quarter epoch) it cut the quarter epochs to the target from [8, 7, 8, 7, 7] to [6, 7, 5, 4, 6] on digits and
-from [5, 6, 5, 6, 6] to [4, 4, 4, 5, 5] on shapes, measured 2026-12-01 (``python benchmarks/autotune_methods.py``). The
-warm-up matters: 5% of the bench's 12-epoch plan (0.6 epoch) gave [7, 7, 6, 7, 7] and [5, 6, 5, 5, 5]. It needs a
-module that returns only its optimizer, automatic optimization and a bounded run; otherwise it is left out, with a
-note. A plain module whose batch autotune enlarged gets the peak scaled by the square-root rule too (a
-:class:`~lightning_speedups.optim.SpeedupMixin` model's lr is already scaled by :meth:`TunePlan.apply`).
+of the planned run. On the bench's plain baseline with the EMA (fp32, channels_last, a 12-epoch plan, seeds 0-9,
+validated every quarter epoch; ``python benchmarks/autotune_methods.py TASK --seeds 10 --data PATH``, 2026-12-01),
+the median quarter epochs to the target went from 7 to 6 on digits with either data path (mean 7.2 -> 6.1 with the
+DataLoader, 7.3 -> 6.5 with the data on the device), and on shapes from 4 to 3 with the data on the device (mean
+4.1 -> 3.3); with the shapes DataLoader (per-sample flips) it made no difference (4 -> 4, mean 4.2 both). The short
+warm-up matters: 5% of the 12-epoch plan (0.6 epoch) lost most of the gain in a 5-seed run. It needs a module that
+returns only its optimizer, an Adam-type optimizer (the evidence is Adam's: a 3x peak on a tuned SGD lr can
+diverge), automatic optimization and a bounded run; otherwise it is left out, with a note. A plain module whose batch
+the plan enlarged gets its peak scaled by the square-root rule too (a :class:`~lightning_speedups.optim.SpeedupMixin`
+model's lr is already scaled by :meth:`TunePlan.apply`).
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ EMA_DECAY = 0.99
 SCHEDULE_PEAK = 3.0
 _EVIDENCE = ("on the bench's plain baseline it reached the target in [3, 4, 3, 3] instead of [6, 6, 7, 5] half "
              "epochs (digits) and [2, 2, 2] instead of [3, 5, 4] (shapes)")
-_SCHEDULE_EVIDENCE = ("on the bench's baseline with the EMA it reached the target in [6, 7, 5, 4, 6] instead of "
-                      "[8, 7, 8, 7, 7] quarter epochs (digits) and [4, 4, 4, 5, 5] instead of [5, 6, 5, 6, 6] (shapes)")
+_SCHEDULE_EVIDENCE = ("on the bench's baseline with the EMA (10 seeds) the median quarter epochs to the target fell "
+                      "from 7 to 6 on digits and from 4 to 3 on shapes with the data on the device (no change with "
+                      "the shapes DataLoader)")
 
 
 def check_methods(methods: Sequence[str] | None) -> list[str]:
@@ -117,6 +121,22 @@ def _returns_scheduler(conf: Any) -> bool:
     return isinstance(conf, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
 
 
+def _optimizers(conf: Any) -> list[Any]:
+    """The optimizers in a ``configure_optimizers`` return value."""
+    if isinstance(conf, torch.optim.Optimizer):
+        return [conf]
+    if isinstance(conf, dict):
+        return _optimizers(conf.get("optimizer"))
+    if isinstance(conf, (list, tuple)):
+        if len(conf) == 2 and isinstance(conf[0], (list, tuple)):
+            return _optimizers(conf[0])
+        return [opt for c in conf for opt in _optimizers(c)]
+    return []
+
+
+_ADAM_TYPE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax)
+
+
 def _bounded(trainer_kwargs: dict[str, Any]) -> bool:
     steps, epochs = trainer_kwargs.get("max_steps"), trainer_kwargs.get("max_epochs")
     return (steps is not None and steps != -1) or (epochs is not None and epochs != -1)
@@ -145,6 +165,10 @@ def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any]) -> str | 
                 f"({type(err).__name__}: {err})")
     if _returns_scheduler(conf):
         return f"`{type(model).__name__}.configure_optimizers` already returns an LR scheduler"
+    others = sorted({type(opt).__name__ for opt in _optimizers(conf) if not isinstance(opt, _ADAM_TYPE)})
+    if others:  # a 3x peak on a tuned SGD lr can diverge, and the bench measured Adam only
+        return (f"its evidence is for Adam-type optimizers ({', '.join(t.__name__ for t in _ADAM_TYPE)}), and "
+                f"`configure_optimizers` returns {', '.join(others)}, whose learning rate is kept")
     return None
 
 
@@ -164,16 +188,17 @@ def schedule_choice(model: nn.Module, trainer_kwargs: dict[str, Any]) -> tuple[C
         return None, f"schedule not added: {why}"
     note = (f"a schedule for time to target (FastSchedule: warm-up of a quarter epoch, at most 5% of the run, to "
             f"{SCHEDULE_PEAK:g}x the optimizer's lr, then linear decay to the end of the planned run): not timed for "
-            f"accuracy here, {_SCHEDULE_EVIDENCE}. Pass `methods=['ema']` to keep your constant learning rate.")
+            f"accuracy here, {_SCHEDULE_EVIDENCE}. Pass `methods=['ema']` to keep your learning rate.")
     return Choice("schedule", SCHEDULE_PEAK, [None, SCHEDULE_PEAK], 1.0, (1.0, 1.0), 0, note), None
 
 
 def method_callbacks(settings: dict[str, Any], trainer_kwargs: dict[str, Any], notes: list[str], model: Any = None,
-                     warmup: float = 0.05, base_batch: int | None = None) -> list[Any]:
+                     warmup: float = 0.05, base_batch: int | None = None, checked: bool = False) -> list[Any]:
     """The callbacks of the plan's methods (a cached plan too); one the run cannot take is left out with a note.
 
     ``warmup`` is the schedule's warm-up fraction (:func:`schedule_warmup`); ``base_batch``, the user's batch size,
-    lets the schedule scale a plain module's peak when the plan enlarged the batch."""
+    lets the schedule scale a plain module's peak when the plan enlarged the batch. ``checked``: the blockers were
+    just run on this model and these Trainer arguments (the schedule's calls ``configure_optimizers`` on a copy)."""
     callbacks: list[Any] = []
     if settings.get("ema"):
         why = ema_blocker(trainer_kwargs)
@@ -182,7 +207,7 @@ def method_callbacks(settings: dict[str, Any], trainer_kwargs: dict[str, Any], n
         else:
             notes.append(f"ema not added: {why}")
     if settings.get("schedule"):
-        why = schedule_blocker(model, trainer_kwargs) if model is not None else None
+        why = schedule_blocker(model, trainer_kwargs) if model is not None and not checked else None
         if why is not None:
             notes.append(f"schedule not added: {why}")
             return callbacks

@@ -216,7 +216,7 @@ def autotune(
             twin = _device_twin(ctx0)
             if twin is not None:
                 settings["_replacement"] = twin
-        plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model, shape)
+        plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model, shape, checked=False)
         plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
         return plan
     start = clock()
@@ -279,7 +279,7 @@ def autotune(
         else:
             ctx.notes.append(str(note))
     settings = {k: v for k, v in ctx.plan.items() if k != "no_bf16"}
-    plan = _build(settings, choices, trainer_kwargs, model, shape)
+    plan = _build(settings, choices, trainer_kwargs, model, shape, checked=True)
     plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
     if store is not None:
         plain = {k: v for k, v in settings.items() if not k.startswith("_")}  # JSON only: no loader objects
@@ -300,7 +300,7 @@ def _run_shape(loader: Any, steps: int, shapes: list[list[int]]) -> tuple[float,
 
 
 def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict[str, Any], model: Any,
-           shape: tuple[float, int | None]) -> TunePlan:
+           shape: tuple[float, int | None], checked: bool) -> TunePlan:
     callbacks: list[L.Callback] = []
     if settings.get("channels_last"):
         from lightning_speedups.callbacks.channels_last import ChannelsLast
@@ -311,7 +311,7 @@ def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict
 
         callbacks.append(TorchCompile())
     notes: list[str] = []
-    callbacks += method_callbacks(settings, trainer_kwargs, notes, model, *shape)
+    callbacks += method_callbacks(settings, trainer_kwargs, notes, model, *shape, checked=checked)
     kwargs = dict(trainer_kwargs)
     kwargs["precision"] = settings.get("precision", "32-true")
     for choice in choices:

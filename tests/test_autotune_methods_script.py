@@ -29,8 +29,9 @@ def test_bad_arguments_are_refused(capsys):
     assert "--interval 0.0 is out of range. Allowed values: (0, 1]" in capsys.readouterr().err
 
 
-def test_a_run_counts_validations_to_the_target(tmp_path, monkeypatch):
+@pytest.mark.parametrize("data_path", ["device", "loader"])
+def test_a_run_counts_validations_to_the_target(monkeypatch, data_path):
     script = _load()
     monkeypatch.setattr(script, "PLANNED_EPOCHS", 1)
-    got = script.intervals_to_target("digits", "ema+schedule", seed=0, interval=0.5, cache_dir=str(tmp_path))
+    got = script.intervals_to_target("digits", "ema+schedule", seed=0, interval=0.5, data_path=data_path)
     assert got is None or 1 <= got <= 2  # one planned epoch validated twice; the count, not its value, is tested

@@ -45,6 +45,8 @@ class _Plain(L.LightningModule):
         return nn.functional.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self):
+        if self.conf == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
         opt = torch.optim.Adam(self.parameters(), lr=1e-3)
         if self.conf == "lists":
             return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1)]
@@ -81,13 +83,17 @@ def test_schedule_warmup_is_a_quarter_epoch_at_most_five_percent():
         (lambda: _Plain("dict"), {}, "`_Plain.configure_optimizers` already returns an LR scheduler"),
         (lambda: DemoClassifier(width=4, scheduler_config=SchedulerConfig("step")), {}, "already returns an LR"),
         (lambda: _Plain("needs_trainer"), {}, "could not check whether `configure_optimizers` returns a scheduler"),
+        (lambda: _Plain("sgd"), {}, "its evidence is for Adam-type optimizers (Adam, AdamW, NAdam, RAdam, Adamax), "
+                                     "and `configure_optimizers` returns SGD, whose learning rate is kept"),
+        (lambda: DemoClassifier(width=4, optimizer_config={"name": "sgd", "lr": 0.1}), {}, "returns SGD"),
         (lambda: _Plain(), {"max_epochs": -1}, "the run has no planned length (pass max_epochs or max_steps)"),
         (lambda: _Plain(), {"max_epochs": None}, "the run has no planned length"),
         (lambda: _Plain(), {"callbacks": [FastSchedule()]}, "already has a callback that sets the learning rate "
                                                               "(FastSchedule)"),
         (lambda: _Plain(), {"callbacks": [StochasticWeightAveraging(swa_lrs=1e-2)]}, "(StochasticWeightAveraging)"),
     ],
-    ids=["lists", "dict", "mixin-scheduler", "needs-trainer", "unbounded", "no-max-epochs", "fast-schedule", "swa"],
+    ids=["lists", "dict", "mixin-scheduler", "needs-trainer", "sgd", "mixin-sgd", "unbounded", "no-max-epochs",
+         "fast-schedule", "swa"],
 )
 def test_schedule_left_out_where_fast_schedule_cannot_run(build, kwargs, why):
     plan = _plan(build(), **kwargs)
