@@ -35,7 +35,7 @@ from lightning_speedups.benchmarks import recipes as bench
 from lightning_speedups.benchmarks._common import TrainClock
 from lightning_speedups.callbacks.channels_last import ChannelsLast
 from lightning_speedups.demo import DemoClassifier
-from lightning_speedups.optim import OptimizerConfig
+from lightning_speedups.optim import OptimizerConfig, scale_lr
 from lightning_speedups.recipes import device_datamodule, fast_train
 
 PLANNED_EPOCHS = 12
@@ -52,28 +52,31 @@ VARIANTS: dict[str, tuple[list[str], float | None]] = {
 
 
 def intervals_to_target(task: str, variant: str, seed: int, interval: float, data_path: str = "device",
-                        cache_dir: str | None = None) -> int | None:
+                        batch_size: int = 32) -> int | None:
     """Validation intervals the variant needed from ``seed`` to reach the task's target (None: never).
 
     The step-time settings are fixed, not measured, so the counts do not depend on timing: fp32, channels_last, and
     the data on the device (``data_path="device"``, batch augmentation) or the task's DataLoader with its per-sample
-    transforms (``"loader"``): the two data paths autotune chooses between."""
+    transforms (``"loader"``): the two data paths autotune chooses between. A ``batch_size`` above the baseline's 32
+    scales the learning rate by the square-root rule, as :meth:`~lightning_speedups.autotune.TunePlan.apply` does."""
     target = bench.TASKS[task][1]
     L.seed_everything(seed, verbose=False)
     data = bench.TASKS[task][0]()
+    data.batch_size = batch_size
     if data_path == "device":
-        data = device_datamodule(data, batch_size=32, seed=seed)
+        data = device_datamodule(data, batch_size=batch_size, seed=seed)
     quiet: dict[str, Any] = {**bench._QUIET, "val_check_interval": interval}
     kwargs: dict[str, Any] = dict(accelerator="cpu", devices=1, precision="32-true", max_epochs=PLANNED_EPOCHS)
     if variant == "recipe":
         model = DemoClassifier(width=32)
-        recipe = fast_train(model=model, max_epochs=5, precision="32-true", channels_last=True, cache=False,
-                            **bench._QUIET)  # fmt: skip
+        recipe = fast_train(model=model, max_epochs=5, lr=scale_lr(3e-3, batch_size, 32, "sqrt"), precision="32-true",
+                            channels_last=True, cache=False, **bench._QUIET)  # fmt: skip
         recipe.apply(model)
         callbacks, kwargs = recipe
         kwargs = {k: v for k, v in kwargs.items() if k not in bench._QUIET}
     else:
-        model = DemoClassifier(width=32, optimizer_config=OptimizerConfig("adam", lr=1e-3))
+        lr = scale_lr(1e-3, batch_size, 32, "sqrt")
+        model = DemoClassifier(width=32, optimizer_config=OptimizerConfig("adam", lr=lr))
         methods, warmup = VARIANTS[variant]
         settings = {"ema": EMA_DECAY if "ema" in methods else None,
                     "schedule": SCHEDULE_PEAK if "schedule" in methods else None}  # fmt: skip
@@ -81,7 +84,7 @@ def intervals_to_target(task: str, variant: str, seed: int, interval: float, dat
         epoch_steps = len(data.train_dataloader())
         if warmup is None:
             warmup = schedule_warmup(epoch_steps, PLANNED_EPOCHS * epoch_steps)
-        callbacks = [ChannelsLast(), *method_callbacks(settings, kwargs, [], model, warmup, 32)]
+        callbacks = [ChannelsLast(), *method_callbacks(settings, kwargs, [], model, warmup, batch_size)]
     clock = TrainClock(target)
     L.seed_everything(seed, verbose=False)
     L.Trainer(callbacks=[*callbacks, clock], **kwargs, **quiet).fit(model, data)
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interval", type=float, default=0.25, help="validate every this fraction of an epoch")
     parser.add_argument("--data", choices=["device", "loader"], default="device",
                         help="the data path: on the device (batch augmentation) or the task's DataLoader")
+    parser.add_argument("--batch", type=int, default=32, help="batch size (lr scaled from 32 by the sqrt rule)")
     args = parser.parse_args(argv)
     names = args.only.split(",")
     unknown = [n for n in names if n not in VARIANTS]
@@ -112,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     for seed in seeds:  # seeds outer, variants inner: every variant sees the same seeds
         for name in names:
-            counts[name].append(intervals_to_target(args.task, name, seed, args.interval, args.data))
-    print(f"{args.task} ({args.data} data): validations (every {args.interval:g} epoch) to val_acc "
+            counts[name].append(intervals_to_target(args.task, name, seed, args.interval, args.data, args.batch))
+    print(f"{args.task} ({args.data} data, batch {args.batch}): validations (every {args.interval:g} epoch) to val_acc "
           f"{bench.TASKS[args.task][1]:.2f}, seeds {seeds[0]}-{seeds[-1]}")  # fmt: skip
     for name, got in counts.items():
         reached = [c for c in got if c is not None]

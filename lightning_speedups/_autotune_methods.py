@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.callbacks import LearningRateFinder, StochasticWeightAveraging
 from torch import nn
 
 from lightning_speedups._autotune_trials import Choice, _detached_copy
@@ -145,14 +145,16 @@ def _bounded(trainer_kwargs: dict[str, Any]) -> bool:
 def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any]) -> str | None:
     """Why the schedule cannot join this run (``None``: it can), before any Trainer exists: what
     :class:`FastSchedule` refuses (a module that returns a scheduler, manual optimization, an unbounded run), and a
-    Trainer that already has a callback owning the LR (another FastSchedule, StochasticWeightAveraging's SWALR)."""
+    Trainer that already has a callback owning the LR (another FastSchedule, StochasticWeightAveraging's SWALR, an LR
+    finder, whose choice a 3x peak would overshoot)."""
     if not getattr(model, "automatic_optimization", True):
         return "the module uses manual optimization (Lightning does not step LR schedulers then)"
     if not _bounded(trainer_kwargs):
         return "the run has no planned length (pass max_epochs or max_steps): the decay must end with the run"
     callbacks = trainer_kwargs.get("callbacks") or []
     callbacks = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
-    owners = [type(cb).__name__ for cb in callbacks if isinstance(cb, (FastSchedule, StochasticWeightAveraging))]
+    lr_owners = (FastSchedule, StochasticWeightAveraging, LearningRateFinder)
+    owners = [type(cb).__name__ for cb in callbacks if isinstance(cb, lr_owners)]
     if owners:
         return f"the Trainer already has a callback that sets the learning rate ({', '.join(owners)})"
     copy = _detached_copy(model)

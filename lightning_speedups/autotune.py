@@ -4,8 +4,9 @@ Where a recipe encodes choices that were right on the machine it was tuned on, `
 user's model, data and hardware: every candidate runs a few training steps of a copy of the model, timed
 interleaved against the current plan (:func:`~lightning_speedups.measure.compare`), and is kept only when it beats
 the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_last, the data path
-(device-resident data vs the DataLoader), batch size (with LR scaling), the fused/foreach optimizer and
-``torch.compile`` (kept only where its measured compile time is paid back within the planned run). The trials take
+(device-resident data vs the DataLoader), batch size (with LR scaling; a doubled batch must raise samples/s by 1.5x
+and the margin, because it needed 1.5x the samples to the target on the bench tasks), the fused/foreach optimizer
+and ``torch.compile`` (kept only where its measured compile time is paid back within the planned run). The trials take
 at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model
 signature), so a second run skips the trials.
 

@@ -15,6 +15,7 @@ from lightning_speedups._autotune_methods import _returns_scheduler, method_call
 from lightning_speedups.autotune import autotune
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
+from lightning_speedups.callbacks.lr_finder import LRFinder
 from lightning_speedups.demo import DemoClassifier
 from lightning_speedups.optim import SchedulerConfig
 
@@ -91,9 +92,10 @@ def test_schedule_warmup_is_a_quarter_epoch_at_most_five_percent():
         (lambda: _Plain(), {"callbacks": [FastSchedule()]}, "already has a callback that sets the learning rate "
                                                               "(FastSchedule)"),
         (lambda: _Plain(), {"callbacks": [StochasticWeightAveraging(swa_lrs=1e-2)]}, "(StochasticWeightAveraging)"),
+        (lambda: _Plain(), {"callbacks": [LRFinder()]}, "sets the learning rate (LRFinder)"),
     ],
     ids=["lists", "dict", "mixin-scheduler", "needs-trainer", "sgd", "mixin-sgd", "unbounded", "no-max-epochs",
-         "fast-schedule", "swa"],
+         "fast-schedule", "swa", "lr-finder"],
 )
 def test_schedule_left_out_where_fast_schedule_cannot_run(build, kwargs, why):
     plan = _plan(build(), **kwargs)
