@@ -210,15 +210,22 @@ def autotune(
     cached = store.get(key) if store is not None else None
     if cached is not None:
         settings = dict(cached["settings"])
+        missing = ""
         if settings.get("device_data"):
             from lightning_speedups._autotune_trials import _device_twin
 
             ctx0 = TrialContext(model, batch, device, steps, margin, 0.0, {}, clock, loader=loader, datamodule=dm)
             twin = _device_twin(ctx0)
             if twin is not None:
-                settings["_replacement"] = twin
+                replacement, kind = twin
+                settings["_replacement"] = (kind, replacement)  # the order a fresh data trial leaves in the plan
+            else:
+                settings["device_data"] = False
+                missing = "the cached plan keeps the data on the device, but this data has no device twin: not applied"
         plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model, shape, checked=False)
         plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
+        if missing:
+            plan.notes.append(missing)
         return plan
     start = clock()
     ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},

@@ -210,3 +210,27 @@ def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monke
                     cache=False, budget_s=200.0, clock=machine.clock, max_epochs=1)  # fmt: skip
     assert [c.name for c in plan.choices] == ["precision", "channels_last"]
     assert plan.choices[0].chosen == "bf16-mixed"
+
+
+def test_a_cached_plan_keeps_the_device_data_twin(monkeypatch, tmp_path):
+    # host loading made slow on the fake clock (a collate that costs 2 steps): the data trial keeps the device twin,
+    # and a plan read back from the cache must hand the twin out again, not silently train on the host loader
+    from lightning_speedups.data import DeviceDataLoader
+
+    machine = FakeMachine({})
+    _patched(monkeypatch, machine)
+
+    def slow_collate(items):
+        machine.now += 2.0
+        return torch.utils.data.default_collate(items)
+
+    def loader() -> DataLoader:
+        return DataLoader(_loader().dataset, batch_size=8, collate_fn=slow_collate)
+
+    kw = dict(candidates=["data"], methods=[], budget_s=500.0, cache_dir=tmp_path, clock=machine.clock, max_epochs=1)
+    first = autotune(DemoClassifier(width=4), loader(), **kw)
+    assert first.settings["device_data"] and isinstance(first.train_dataloaders, DeviceDataLoader)
+    second = autotune(DemoClassifier(width=4), loader(), **kw)
+    assert second.from_cache and isinstance(second.train_dataloaders, DeviceDataLoader)
+    x, y = next(iter(second.train_dataloaders))
+    assert x.shape == (8, 3, 32, 32) and y.shape == (8,)
