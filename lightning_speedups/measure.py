@@ -227,9 +227,10 @@ class Comparison:
     """The evidence behind a decision by measurement: what won, by how much, and how sure.
 
     ``ratios[name]`` is ``(low, median, high)`` of the per-round speed ratio baseline_time / candidate_time (> 1 =
-    candidate faster), with a ``confidence`` interval; ``separated`` says whether the winner's interval clears
-    ``1 + min_gain`` (or, when the baseline won, whether every candidate's interval is below it). ``trusted`` is
-    ``False`` when fewer than ``min_rounds`` rounds fit in the budget (the baseline was kept, with a warning).
+    candidate faster), with a ``confidence`` interval; ``separated`` says whether the decision was settled: every
+    candidate's interval clears ``1 + min_gain``, is below it, or lies wholly below the best candidate that clears.
+    ``trusted`` is ``False`` when fewer than ``min_rounds`` rounds fit in the budget (the baseline was kept, with a
+    warning).
     """
 
     winner: str
@@ -271,8 +272,9 @@ def compare(
 
     Rounds run every candidate once, in a shuffled order (no position bias), after ``warmup`` untimed rounds. From
     ``min_rounds`` on, each candidate's per-round speed ratio against ``baseline`` gets a confidence interval for its
-    median (:func:`median_interval`); rounds continue until every interval clears or misses ``1 + min_gain``, the
-    ``budget_s`` runs out, or ``max_rounds`` is reached. The winner is the fastest candidate whose interval clears
+    median (:func:`median_interval`); rounds continue until every interval clears or misses ``1 + min_gain`` (or lies
+    wholly below the best candidate that clears, which no further round can change), the ``budget_s`` runs out, or
+    ``max_rounds`` is reached. The winner is the fastest candidate whose interval clears
     ``1 + min_gain``; candidates within noise of it are resolved by ``prefer`` (cheaper or more conservative first).
     When no candidate clears, the baseline wins: the conservative choice, with a note saying the difference was
     within noise when it was not clearly slower.
@@ -368,7 +370,14 @@ def compare(
 
 
 def _separated(ratios: Mapping[str, tuple[float, float, float]], baseline: str, threshold: float) -> bool:
-    return all(lo > threshold or hi < threshold for n, (lo, _m, hi) in ratios.items() if n != baseline)
+    """Whether more rounds could still change the winner: every candidate either clears or misses ``threshold``, or
+    lies wholly below the best candidate that clears (its median the highest). Such a candidate can neither become the
+    best nor be tied with it, whichever side of the threshold it would settle on, so timing it further is wasted (a
+    borderline channels_last beside a clearly better bf16, say)."""
+    rest = {n: r for n, r in ratios.items() if n != baseline}
+    clearing = [r for r in rest.values() if r[0] > threshold]
+    best_lo = max(clearing, key=lambda r: r[1])[0] if clearing else -math.inf  # nothing clears: nothing dominates
+    return all(lo > threshold or hi < threshold or hi < best_lo for lo, _m, hi in rest.values())
 
 
 def _ratio_intervals(

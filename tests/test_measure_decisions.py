@@ -70,3 +70,18 @@ def test_compare_bad_input_and_budget():
     assert result.winner == "base" and not result.separated and result.trials == 1
     assert all(math.isnan(v) for v in median_interval([]))
     assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few samples for 95%: the full range
+
+
+def test_compare_stops_once_a_borderline_candidate_cannot_change_the_winner():
+    # "border" sits on the 10% threshold, so its interval never settles; "fast" (2.5x) clearly beats both. The
+    # decision is settled once border's interval lies wholly below fast's: the budget is not spent on it
+    for seed in range(20):
+        fns, clock = _noisy(seed, {"base": 1.0, "border": 1 / 1.1, "fast": 0.4}, jitter=0.1, outlier_every=10**9)
+        result = compare(fns, "base", min_gain=0.1, budget_s=500.0, clock=clock, seed=seed)
+        assert result.winner == "fast" and result.separated and result.elapsed_s < 50.0
+        lo, _mid, hi = result.ratios["border"]
+        assert hi < result.ratios["fast"][0]
+    # without the clear winner the same borderline candidate keeps the rounds going until the budget or max_rounds
+    fns, clock = _noisy(0, {"base": 1.0, "border": 1 / 1.1}, jitter=0.1, outlier_every=10**9)
+    slow = compare(fns, "base", min_gain=0.1, budget_s=500.0, clock=clock)
+    assert slow.trials > 20
