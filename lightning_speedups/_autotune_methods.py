@@ -20,7 +20,7 @@ warm-up matters: 5% of the 12-epoch plan (0.6 epoch) lost most of the gain in a 
 returns only its optimizer, an Adam-type optimizer (the evidence is Adam's: a 3x peak on a tuned SGD lr can
 diverge), automatic optimization and a bounded run; otherwise it is left out, with a note. A plain module whose batch
 the plan enlarged gets its peak scaled by the square-root rule too (a :class:`~lightning_speedups.optim.SpeedupMixin`
-model's lr is already scaled by :meth:`TunePlan.apply`).
+model's lr is already scaled by :meth:`~lightning_speedups.autotune.TunePlan.apply`).
 """
 
 from __future__ import annotations

@@ -138,10 +138,15 @@ class FastSchedule(Callback):
             self._schedulers.append(scheduler)
             self.peak_lrs.append(list(scheduler.base_lrs))
         rank_zero_info(
-            f"FastSchedule: {self.warmup} warm-up, peak lr {self.peak_lrs[0][0]:.3g}"
+            f"FastSchedule: warm-up {self._warmup_text(int(total))}, peak lr {self.peak_lrs[0][0]:.3g}"
             + (f" (batch {batch} vs {self.base_batch_size}, {self.lr_scaling})" if batch else "")
             + f", {self.decay} decay over {int(total)} steps."
         )
+
+    def _warmup_text(self, total: int) -> str:
+        steps = round(self.warmup * total) if isinstance(self.warmup, float) else self.warmup
+        text = f"{steps} step" + ("" if steps == 1 else "s")
+        return f"{self.warmup:.3g} of the run ({text})" if isinstance(self.warmup, float) else text
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
