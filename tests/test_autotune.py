@@ -234,3 +234,25 @@ def test_a_cached_plan_keeps_the_device_data_twin(monkeypatch, tmp_path):
     assert second.from_cache and isinstance(second.train_dataloaders, DeviceDataLoader)
     x, y = next(iter(second.train_dataloaders))
     assert x.shape == (8, 3, 32, 32) and y.shape == (8,)
+
+
+def test_a_cached_plan_rebuilds_the_datamodule_twin(monkeypatch, tmp_path):
+    # the demo-protocol datamodule: the plan that the cache says keeps the data on the device hands out a
+    # device-resident datamodule, whose batches have the source's shapes
+    from lightning_speedups.demo import DigitsDataModule
+
+    machine = FakeMachine({})
+    _patched(monkeypatch, machine)
+    kw = dict(candidates=["precision"], methods=[], budget_s=500.0, cache_dir=tmp_path, clock=machine.clock,
+              max_epochs=1)  # fmt: skip
+    first = autotune(DemoClassifier(width=4), DigitsDataModule(batch_size=16), **kw)
+    assert first.datamodule is None
+    cache_file = tmp_path / "autotune.json"
+    data = json.loads(cache_file.read_text())
+    for plan in data["plans"].values():
+        plan["settings"]["device_data"] = True  # as a data trial that kept the twin leaves it
+    cache_file.write_text(json.dumps(data))
+    second = autotune(DemoClassifier(width=4), DigitsDataModule(batch_size=16), **kw)
+    assert second.from_cache and second.datamodule is not None
+    x, y = next(iter(second.datamodule.train_dataloader()))
+    assert x.shape == (16, 3, 32, 32) and y.shape == (16,)
