@@ -340,7 +340,7 @@ def compare(
     note, winner = "", baseline
     if rounds < min_rounds:  # every round hit the budget: too few to trust, keep the conservative choice
         winners = []
-        note = f"only {rounds} of {min_rounds} rounds fit in `budget_s`={budget_s}; kept {baseline!r} untested"
+        note = f"only {rounds} of {min_rounds} rounds fit in `budget_s`={budget_s:.3g}; kept {baseline!r} untested"
         warnings.warn(f"compare: timing cannot be trusted ({note}).", stacklevel=2)
     if winners:
         best = max(winners, key=lambda n: ratios[n][1])
