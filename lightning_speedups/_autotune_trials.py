@@ -21,7 +21,7 @@ from torch import nn
 
 from lightning_speedups._inputs import flat_tensors
 from lightning_speedups.functional.channels_last import to_channels_last
-from lightning_speedups.measure import Comparison, compare
+from lightning_speedups.measure import Comparison, compare, median
 
 __all__ = ["CANDIDATES", "Choice", "TrialContext", "register_candidate"]
 
@@ -116,6 +116,18 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
         optimizer = torch.optim.AdamW(params, lr=1e-4)
     precision = plan.get("precision", "32-true")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    if plan.get("optimizer_only"):  # the optimizer's step alone, on the gradients of one training step
+        with _quiet(), torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = _loss(model, batch)
+        loss.backward()
+
+        def optimizer_step() -> None:
+            for _ in range(steps):
+                optimizer.step()
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize()
+
+        return optimizer_step
 
     def step() -> None:
         for _ in range(steps):
@@ -180,6 +192,24 @@ def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
 
 
 def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
+    # Amdahl first: a faster optimizer kernel saves at most the optimizer's share of a step. Where that share is too
+    # small for the margin even at zero cost (a small CNN's Adam: about 2% of a step), the comparison, which would need
+    # many rounds to separate a 2% gain from the 5% margin, is not run
+    full, alone = make_step(ctx, ctx.plan), make_step(ctx, {**ctx.plan, "optimizer_only": True})
+    full(), alone()  # untimed: first-call costs
+    times: dict[str, list[float]] = {"full": [], "alone": []}
+    for _ in range(5):
+        for name, fn in (("full", full), ("alone", alone)):
+            t0 = ctx.clock()
+            fn()
+            times[name].append(ctx.clock() - t0)
+    part = median(times["alone"]) / max(median(times["full"]), 1e-12)
+    bound = 1.0 / (1.0 - part) if part < 1.0 else float("inf")
+    current = ctx.plan.get("implementation", _DEFAULTS["implementation"])
+    if bound < 1.0 + ctx.margin:
+        note = (f"fused/foreach not tried: the optimizer step is {part:.1%} of a training step, so even a free one "
+                f"would be at most {bound:.3f}x faster, below the {ctx.margin:.0%} margin")  # fmt: skip
+        return Choice("optimizer", current, ["current", "foreach", "fused"], 1.0, (1.0, 1.0), 5, note)
     options = {"foreach": {"implementation": "foreach"}, "fused": {"implementation": "fused"}}
     return _decide(ctx, "optimizer", options, share)
 

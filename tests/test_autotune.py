@@ -38,6 +38,7 @@ class FakeMachine:
         cost *= self.costs.get(str(plan.get("implementation")), 1.0)
         scale = int(plan.get("batch_scale", 1))
         cost *= scale * self.costs.get(f"x{scale}", 1.0)  # per-step cost grows with the batch, per-sample may not
+        cost *= self.costs.get("optimizer_only", 1.0) if plan.get("optimizer_only") else 1.0
         compiled = getattr(ctx.model, "_fake_compiled", False)
         cost *= self.costs.get("compiled", 1.0) if compiled else 1.0
         first = [compiled]
@@ -256,3 +257,31 @@ def test_a_cached_plan_rebuilds_the_datamodule_twin(monkeypatch, tmp_path):
     assert second.from_cache and second.datamodule is not None
     x, y = next(iter(second.datamodule.train_dataloader()))
     assert x.shape == (16, 3, 32, 32) and y.shape == (16,)
+
+
+@pytest.mark.parametrize(("alone", "tried"), [(0.02, False), (0.3, True)])
+def test_the_optimizer_kernel_is_tried_only_where_its_share_of_the_step_could_pay(monkeypatch, alone, tried):
+    # an optimizer step that is 2% of a training step cannot make the step 5% faster even at zero cost: no comparison
+    # runs; at 30% it can, and the (fake) fused kernel's 15% is kept
+    machine = FakeMachine({"optimizer_only": alone, "fused": 0.85})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["optimizer"], methods=[], budget_s=2000.0,
+                    cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+    (choice,) = plan.choices
+    if tried:
+        assert choice.chosen == "fused" and choice.trials >= 5
+    else:
+        assert choice.chosen == "for_loop" and choice.gain == 1.0
+        assert choice.note.startswith("fused/foreach not tried: the optimizer step is 2.0% of a training step")
+        assert "at most 1.02" in choice.note and "below the 5% margin" in choice.note
+
+
+def test_the_optimizer_share_is_timed_on_a_real_step():
+    # the optimizer-only step runs on a copy of the model (gradients from one training step): the user's model is untouched
+    model = DemoClassifier(width=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ctx = trials.TrialContext(model, next(iter(_loader())), torch.device("cpu"), 10, 0.05, float("inf"), {})
+    alone = trials.make_step(ctx, {"optimizer_only": True})
+    alone()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
