@@ -6,9 +6,10 @@ interleaved against the current plan (:func:`~lightning_speedups.measure.compare
 the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_last, the data path
 (device-resident data vs the DataLoader), batch size (with LR scaling; a doubled batch must raise samples/s by 1.5x
 and the margin, because it needed 1.5x the samples to the target on the bench tasks), the fused/foreach optimizer
-and ``torch.compile`` (kept only where its measured compile time is paid back within the planned run). The trials take
-at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine and model
-signature), so a second run skips the trials.
+(compared only where the optimizer step is a large enough share of a training step to pay the margin even at zero
+cost) and ``torch.compile`` (kept only where its measured compile time is paid back within the planned run). The
+trials take at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine
+and model signature), so a second run skips the trials.
 
 Beyond faster steps, the plan adds time-to-accuracy ``methods`` (the EMA of the weights and a schedule for time to
 target) that reached the target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so
