@@ -276,8 +276,8 @@ def test_the_optimizer_kernel_is_tried_only_where_its_share_of_the_step_could_pa
         assert "at most 1.02" in choice.note and "below the 5% margin" in choice.note
 
 
-def test_the_optimizer_share_is_timed_on_a_real_step():
-    # the optimizer-only step runs on a copy of the model (gradients from one training step): the user's model is untouched
+def test_the_optimizer_only_step_leaves_the_users_model_untouched():
+    # the optimizer-only step runs on a copy of the model, with the gradients of one training step
     model = DemoClassifier(width=4)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ctx = trials.TrialContext(model, next(iter(_loader())), torch.device("cpu"), 10, 0.05, float("inf"), {})
