@@ -269,8 +269,9 @@ def _compile(ctx: TrialContext, share: float) -> Choice | None:
     return Choice("compile", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
 
 
-def _device_twin(ctx: TrialContext) -> tuple[Any, str] | None:
-    """A device-resident twin of the training data, or ``None`` when one cannot keep the user's transforms."""
+def _device_twin(ctx: TrialContext) -> tuple[str, Any] | None:
+    """``(kind, twin)``: a device-resident twin of the training data (kind ``"datamodule"`` or ``"loader"``), the
+    pair the plan keeps as ``_replacement``; ``None`` when no twin can keep the user's transforms."""
     from torch.utils.data import TensorDataset
 
     from lightning_speedups.data import DeviceDataLoader
@@ -280,11 +281,11 @@ def _device_twin(ctx: TrialContext) -> tuple[Any, str] | None:
         from lightning_speedups.recipes import device_datamodule
 
         twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)))
-        return twin, "datamodule"  # the demo protocol: its transforms become a BatchAugment on the device
+        return "datamodule", twin  # the demo protocol: its transforms become a BatchAugment on the device
     dataset = getattr(ctx.loader, "dataset", None)
     if type(dataset) is TensorDataset:  # no per-sample transform to lose
         loader = DeviceDataLoader(*dataset.tensors, batch_size=ctx.loader.batch_size, shuffle=True, device=ctx.device)
-        return loader, "loader"
+        return "loader", loader
     return None
 
 
@@ -295,7 +296,7 @@ def _data(ctx: TrialContext, share: float) -> Choice | None:
     if twin is None:
         ctx.notes.append("data path not tried: the loader has per-sample transforms that no device twin reproduces")
         return None
-    replacement, kind = twin
+    kind, replacement = twin
     step = make_step(ctx, ctx.plan)  # the step as the earlier trials left the plan: data's share of the final step
     scale = int(ctx.plan.get("batch_scale", 1))
 
@@ -325,7 +326,7 @@ def _data(ctx: TrialContext, share: float) -> Choice | None:
     keep = result.winner == "device"
     ctx.plan["device_data"] = keep
     if keep:
-        ctx.plan["_replacement"] = (kind, replacement)
+        ctx.plan["_replacement"] = twin
     lo, mid, hi = result.ratios["device"]
     note = result.note or (f"data on the device: {mid:.2f}x per step" if keep else "the loader is not the bottleneck")
     return Choice("data", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)

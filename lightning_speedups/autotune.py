@@ -218,8 +218,7 @@ def autotune(
             ctx0 = TrialContext(model, batch, device, steps, margin, 0.0, {}, clock, loader=loader, datamodule=dm)
             twin = _device_twin(ctx0)
             if twin is not None:
-                replacement, kind = twin
-                settings["_replacement"] = (kind, replacement)  # the order a fresh data trial leaves in the plan
+                settings["_replacement"] = twin
             else:
                 settings["device_data"] = False
                 missing = "the cached plan keeps the data on the device, but this data has no device twin: not applied"
