@@ -21,7 +21,7 @@ from torch import nn
 
 from lightning_speedups._inputs import flat_tensors
 from lightning_speedups.functional.channels_last import to_channels_last
-from lightning_speedups.measure import Comparison, compare, median
+from lightning_speedups.measure import Comparison, compare, interleaved_timings, median
 
 __all__ = ["CANDIDATES", "Choice", "TrialContext", "register_candidate"]
 
@@ -116,25 +116,21 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
         optimizer = torch.optim.AdamW(params, lr=1e-4)
     precision = plan.get("precision", "32-true")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    if plan.get("optimizer_only"):  # the optimizer's step alone, on the gradients of one training step
+    only = bool(plan.get("optimizer_only"))  # the optimizer's step alone, on the gradients of one training step
+
+    def backward() -> None:
+        optimizer.zero_grad(set_to_none=True)
         with _quiet(), torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = _loss(model, batch)
         loss.backward()
 
-        def optimizer_step() -> None:
-            for _ in range(steps):
-                optimizer.step()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize()
-
-        return optimizer_step
+    if only:
+        backward()
 
     def step() -> None:
         for _ in range(steps):
-            optimizer.zero_grad(set_to_none=True)
-            with _quiet(), torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                loss = _loss(model, batch)
-            loss.backward()
+            if not only:
+                backward()
             optimizer.step()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
@@ -195,14 +191,8 @@ def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
     # Amdahl first: a faster optimizer kernel saves at most the optimizer's share of a step. Where that share is too
     # small for the margin even at zero cost (a small CNN's Adam: about 2% of a step), the comparison, which would need
     # many rounds to separate a 2% gain from the 5% margin, is not run
-    full, alone = make_step(ctx, ctx.plan), make_step(ctx, {**ctx.plan, "optimizer_only": True})
-    full(), alone()  # untimed: first-call costs
-    times: dict[str, list[float]] = {"full": [], "alone": []}
-    for _ in range(5):
-        for name, fn in (("full", full), ("alone", alone)):
-            t0 = ctx.clock()
-            fn()
-            times[name].append(ctx.clock() - t0)
+    fns = {"full": make_step(ctx, ctx.plan), "alone": make_step(ctx, {**ctx.plan, "optimizer_only": True})}
+    times = interleaved_timings(fns, repeats=5, warmup=1, sync=False, clock=ctx.clock)  # make_step syncs CUDA itself
     part = median(times["alone"]) / max(median(times["full"]), 1e-12)
     bound = 1.0 / (1.0 - part) if part < 1.0 else float("inf")
     current = ctx.plan.get("implementation", _DEFAULTS["implementation"])

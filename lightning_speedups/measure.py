@@ -61,6 +61,7 @@ def interleaved_timings(
     *,
     sync: bool | None = None,
     budget_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Time each callable ``repeats`` times, interleaved A B C A B C ..., after ``warmup`` untimed rounds.
 
@@ -71,13 +72,14 @@ def interleaved_timings(
         sync: ``torch.cuda.synchronize()`` around each call; ``None`` (default) does so whenever CUDA is available.
         budget_s: stop early once this many seconds (warm-up included) have been spent, after at least
             ``min(2, repeats)`` timed rounds, so a slow model or a loaded machine cannot stretch the measurement.
+        clock: seconds as a float; injectable so tests can feed simulated costs.
 
     Returns:
         ``{name: [seconds per call, ...]}``.
     """
     if sync is None:
         sync = torch.cuda.is_available()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
@@ -86,12 +88,12 @@ def interleaved_timings(
         for name, fn in candidates.items():
             if sync:
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             if sync:
                 torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - t0)
-        if budget_s is not None and done >= min(2, repeats) and time.perf_counter() - start > budget_s:
+            times[name].append(clock() - t0)
+        if budget_s is not None and done >= min(2, repeats) and clock() - start > budget_s:
             break
     return times
 
