@@ -64,12 +64,17 @@ def _patched(monkeypatch, machine: FakeMachine) -> None:
     monkeypatch.setattr(torch, "compile", fake_compile)
 
 
+def _fake_tune(monkeypatch, machine: FakeMachine, candidates: list[str], **kwargs) -> TunePlan:
+    """autotune of a tiny model on the fake machine: the given candidates, no methods, no cache."""
+    _patched(monkeypatch, machine)
+    return autotune(DemoClassifier(width=4), _loader(), candidates=candidates, methods=[], cache=False,
+                    clock=machine.clock, **kwargs)  # fmt: skip
+
+
 def test_autotune_keeps_only_measured_gains(monkeypatch):
     machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.5, "x4": 0.5, "fused": 0.85})
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last", "batch_size",
-                    "optimizer"], methods=[], budget_s=2000.0, cache=False, clock=machine.clock,
-                    max_epochs=1)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last", "batch_size", "optimizer"],
+                      budget_s=2000.0, max_epochs=1)  # fmt: skip
     chosen = {c.name: c.chosen for c in plan.choices}
     assert chosen == {"precision": "bf16-mixed", "channels_last": False, "batch_size": 2, "optimizer": "fused"}
     assert plan.trainer_kwargs == {"max_epochs": 1, "precision": "bf16-mixed"} and plan.callbacks == []
@@ -90,9 +95,7 @@ def test_a_larger_batch_must_pay_for_its_extra_epochs(monkeypatch, x2, kept):
     # 1.33x the samples/s is a clear gain beyond noise, but below the 1.5x more samples a doubled batch needed on the
     # bench tasks (x the 5% margin): kept at x1; 1.67x clears it
     machine = FakeMachine({"x2": x2, "x4": 1.0})
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["batch_size"], methods=[], budget_s=2000.0,
-                    cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["batch_size"], budget_s=2000.0, max_epochs=1)
     (choice,) = plan.choices
     assert choice.chosen == kept and plan.settings["batch_scale"] == kept
     if kept == 1:
@@ -103,9 +106,7 @@ def test_a_larger_batch_must_pay_for_its_extra_epochs(monkeypatch, x2, kept):
 @pytest.mark.parametrize("planned_steps,kept", [(50, False), (100_000, True)])
 def test_autotune_compile_kept_only_when_paid_back(monkeypatch, planned_steps, kept):
     machine = FakeMachine({"compiled": 0.5}, compile_s=40.0)
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], methods=[], budget_s=5000.0,
-                    cache=False, clock=machine.clock, max_steps=planned_steps)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["compile"], budget_s=5000.0, max_steps=planned_steps)
     (choice,) = plan.choices
     assert choice.chosen is kept and ("not paid back" in choice.note) is not kept
     assert [type(cb).__name__ for cb in plan.callbacks] == (["TorchCompile"] if kept else [])
@@ -113,9 +114,7 @@ def test_autotune_compile_kept_only_when_paid_back(monkeypatch, planned_steps, k
 
 def test_autotune_compile_not_tried_in_a_small_budget(monkeypatch):
     machine = FakeMachine({})
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["compile"], methods=[], budget_s=10.0, cache=False,
-                    clock=machine.clock)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["compile"], budget_s=10.0)
     assert plan.choices == [] and any("compile not tried" in n for n in plan.notes)
 
 
@@ -197,18 +196,14 @@ def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monke
     # a planned run of 2 steps x 1 s: 5% is 0.1 s, less than one comparison (about 12 steps): nothing is tried, the
     # note says why, and the trials cost only the 4 steps that sized the budget (no floor beyond the 5%)
     machine = FakeMachine({"bf16-mixed": 0.5})
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], methods=[],
-                    cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], max_epochs=1)
     assert plan.choices == [] and machine.calls == 4
     assert plan.trial_s == pytest.approx(4.0, rel=0.15)
     assert "precision, channels_last not tried" in plan.notes[0]
     assert "5% of a planned run of about 2.0s" in plan.notes[0] and "HINT: pass a larger `budget_s`" in plan.notes[0]
     # the same run with a budget that fits: both are measured
     machine = FakeMachine({"bf16-mixed": 0.5})
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision", "channels_last"], methods=[],
-                    cache=False, budget_s=200.0, clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], budget_s=200.0, max_epochs=1)
     assert [c.name for c in plan.choices] == ["precision", "channels_last"]
     assert plan.choices[0].chosen == "bf16-mixed"
 
@@ -264,9 +259,7 @@ def test_the_optimizer_kernel_is_tried_only_where_its_share_of_the_step_could_pa
     # an optimizer step that is 2% of a training step cannot make the step 5% faster even at zero cost: no comparison
     # runs; at 30% it can, and the (fake) fused kernel's 15% is kept
     machine = FakeMachine({"optimizer_only": alone, "fused": 0.85})
-    _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["optimizer"], methods=[], budget_s=2000.0,
-                    cache=False, clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = _fake_tune(monkeypatch, machine, ["optimizer"], budget_s=2000.0, max_epochs=1)
     (choice,) = plan.choices
     if tried:
         assert choice.chosen == "fused" and choice.trials >= 5
