@@ -21,10 +21,25 @@ from lightning_speedups.callbacks.lr_finder import LRFinder
 from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizing
 from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
+from lightning_speedups.callbacks.sequence_batching import SequenceBatching
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 
 # data on the device
-from lightning_speedups.data import BatchAugment, DeviceDataLoader, compute_mean_std, to_tensors
+# token sequences: length-aware batches, dynamic padding, packing
+from lightning_speedups.data import (
+    BatchAugment,
+    DeviceDataLoader,
+    LengthGroupedSampler,
+    PackedBatchSampler,
+    SequenceLoader,
+    TokenBudgetBatchSampler,
+    compute_mean_std,
+    pack_collate,
+    pack_sequences,
+    packed_attention_mask,
+    pad_collate,
+    to_tensors,
+)
 
 # functional (plain PyTorch, no Lightning needed)
 from lightning_speedups.functional.advisor import AdvisorReport, Finding, diagnose
@@ -116,11 +131,21 @@ __all__ = [
     "FastSchedule",
     "LabelSmoothing",
     "ProgressiveResizing",
+    "SequenceBatching",
     # data on the device
     "BatchAugment",
     "DeviceDataLoader",
     "compute_mean_std",
     "to_tensors",
+    # token sequences
+    "LengthGroupedSampler",
+    "PackedBatchSampler",
+    "SequenceLoader",
+    "TokenBudgetBatchSampler",
+    "pack_collate",
+    "pack_sequences",
+    "packed_attention_mask",
+    "pad_collate",
     # functional
     "AdvisorReport",
     "BatchSizeSearchResult",

@@ -27,6 +27,8 @@ class TechniqueInfo:
         bench: ``"module:function"`` of its benchmark (imported lazily), or ``None``.
         example_kwargs: constructor kwargs that make the callback train for two batches on the demo task.
         needs: names of optional python modules needed to build the callback.
+        example_task: the demo task its callback trains on in the registry walk: ``"digits"`` (images) or
+            ``"text"`` (token sequences, :class:`~lightning_speedups.demo.StdlibCodeDataModule`).
     """
 
     name: str
@@ -38,6 +40,7 @@ class TechniqueInfo:
     bench: str | None = None
     example_kwargs: dict[str, Any] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
+    example_task: str = "digits"
 
     def load_bench(self) -> Callable[..., Any] | None:
         """Import and return the benchmark function, if the technique has one."""

@@ -17,7 +17,13 @@ from lightning.pytorch.cli import LightningCLI
 
 import lightning_speedups  # noqa: F401  (registers every technique)
 from lightning_speedups import get_technique, list_techniques
-from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+from lightning_speedups.demo import DemoClassifier, DigitsDataModule, StdlibCodeDataModule, TextClassifier
+
+# the demo task each kind of technique trains on: (model class, data class, model args, data args)
+TASKS = {
+    "digits": (DemoClassifier, DigitsDataModule, {"width": 8}, {"batch_size": 32}),
+    "text": (TextClassifier, StdlibCodeDataModule, {"d_model": 16, "layers": 1}, {"batch_size": 16, "limit": 256}),
+}
 
 
 def _missing(needs: tuple[str, ...]) -> list[str]:
@@ -67,11 +73,10 @@ def test_registry_callback_from_yaml_trains_two_batches(name, tmp_path):
             "enable_progress_bar": False,
             "callbacks": [{"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": info.example_kwargs}],
         },
-        "model": {"width": 8},
-        "data": {"batch_size": 32},
     }
+    model_cls, data_cls, config["model"], config["data"] = TASKS[info.example_task]
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    cli = LightningCLI(DemoClassifier, DigitsDataModule, args=["fit", "--config", str(path)], save_config_callback=None)
+    cli = LightningCLI(model_cls, data_cls, args=["fit", "--config", str(path)], save_config_callback=None)
     assert cli.trainer.global_step == 2
     assert any(isinstance(cb, cls) for cb in cli.trainer.callbacks)

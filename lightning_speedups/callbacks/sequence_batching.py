@@ -1,0 +1,322 @@
+"""SequenceBatching callback: rebuild the training loader so batches of token sequences carry little padding."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+from typing_extensions import override
+
+from lightning_speedups._compat import (
+    fit_source_dataloader,
+    reload_train_dataloader,
+    set_fit_train_loader,
+    train_dataloader_built,
+)
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
+from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups.callbacks._sequence_choice import (
+    batch_tokens,
+    estimate_epoch_seconds,
+    packing_problem,
+    training_copy,
+)
+from lightning_speedups.data.padding import pack_collate, pad_collate, sequence_lengths, token_tensor
+from lightning_speedups.data.samplers import (
+    LengthGroupedSampler,
+    PackedBatchSampler,
+    TokenBudgetBatchSampler,
+    _SequenceBatchSampler,
+)
+from lightning_speedups.data.sequence_loader import SequenceLoader
+
+__all__ = ["STRATEGIES", "SequenceBatching"]
+
+STRATEGIES = ("auto", "length_grouped", "token_budget", "packed")
+
+
+class SequenceBatching(Callback):
+    """Rebuild the training DataLoader of token sequences with length-aware batches and dynamic padding.
+
+    At ``setup`` it reads the training loader (from ``train_dataloader()`` or the loader passed to ``fit``), checks
+    that its samples hold token tensors, reads every sample's length once (or takes ``lengths``) and checks the
+    strategy's arguments; everything that can be wrong raises there, before any step. At ``on_fit_start`` it
+    replaces the loader (as the batch-size finder does) with the same dataset in new batches:
+
+    - ``"length_grouped"``: :class:`~lightning_speedups.LengthGroupedSampler` at your batch size + :func:`pad_collate`;
+    - ``"token_budget"``: :class:`~lightning_speedups.TokenBudgetBatchSampler` + :func:`pad_collate`; the default
+      ``max_tokens`` keeps the real tokens per step of your batch size (batch size x mean length);
+    - ``"packed"``: :class:`~lightning_speedups.PackedBatchSampler` + :func:`pack_collate`: documents packed into rows
+      of ``block_size`` (``position_ids`` restart per document, no ``attention_mask``). Only for a model whose
+      ``forward`` takes ``position_ids`` and keeps packed documents apart, which ``setup`` checks by running it on
+      two documents packed and alone; otherwise it refuses, naming the module and the reason;
+    - ``"auto"``: times the training step on a few batches of your loader and of each strategy above that applies
+      (on a copy of the model, at ``on_fit_start``), prices a whole epoch with them, and keeps the fastest, your own
+      loader included (so it never makes an epoch slower than it measured). Under DDP rank 0 decides for all.
+
+    Resume: the strategy, the seed, the epoch and the batches already trained are saved in the checkpoint, so a run
+    resumed mid-epoch (also after a SIGKILL, from its last checkpoint) trains exactly the batches the uninterrupted
+    run would have. Under DDP the samplers shard themselves: ranks take turns over batches of neighbouring lengths
+    (balanced tokens per step) and all get the same number of batches.
+
+    Args:
+        strategy: one of ``"auto"``, ``"length_grouped"``, ``"token_budget"``, ``"packed"``.
+        batch_size: samples per batch for ``"length_grouped"`` (default: the loader's).
+        max_tokens: the padded-token budget per batch for ``"token_budget"``.
+        block_size: tokens per packed row (``"packed"``; required for it, and ``"auto"`` tries packing only then).
+        rows: packed rows per batch (default: the real tokens per step of your batch size, in rows).
+        lengths: one length per training sample (default: read once from the dataset, timed, and cached).
+        pad_value: the padding token id.
+        multiple_of: padded lengths are rounded up to this.
+        shuffle: new random batches every epoch.
+        seed: seeds the batch order (epoch ``e`` uses ``(seed, e)``).
+
+    Raises:
+        SpeedupConfigError: bad arguments (in ``__init__``); at ``setup``: image or other non-token data, ``lengths``
+            of the wrong count, a ``max_tokens`` below the longest sample, a loader that cannot be rebuilt, or
+            ``"packed"`` on a model that cannot keep documents apart.
+
+    Example::
+
+        >>> trainer = L.Trainer(callbacks=[SequenceBatching("length_grouped")], logger=False)
+    """
+
+    def __init__(
+        self,
+        strategy: str = "auto",
+        *,
+        batch_size: int | None = None,
+        max_tokens: int | None = None,
+        block_size: int | None = None,
+        rows: int | None = None,
+        lengths: Sequence[int] | None = None,
+        pad_value: int = 0,
+        multiple_of: int = 8,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.strategy = check_choice("strategy", strategy, STRATEGIES)
+        self.batch_size = check_int("batch_size", batch_size, 1, optional=True)
+        self.max_tokens = check_int("max_tokens", max_tokens, 1, optional=True)
+        self.block_size = check_int("block_size", block_size, 1, optional=True)
+        self.rows = check_int("rows", rows, 1, optional=True)
+        self.pad_value = check_int("pad_value", pad_value)
+        self.multiple_of = check_int("multiple_of", multiple_of, 1)
+        self.shuffle = check_bool("shuffle", shuffle)
+        self.seed = check_int("seed", seed)
+        if strategy == "packed" and block_size is None:
+            raise SpeedupConfigError(
+                "`block_size`=None with `strategy`='packed'. Allowed values: an integer >= 1 (tokens per packed row). "
+                "HINT: your model's context length."
+            )
+        self._given_lengths = None if lengths is None else [int(n) for n in lengths]
+        self.chosen: str | None = None  # the strategy in use ("original": your own loader was fastest)
+        self.estimates: dict[str, float] = {}  # auto: measured seconds per epoch, per candidate
+        self.lengths: list[int] = []
+        self.loader: SequenceLoader | None = None
+        self._source: DataLoader | None = None
+        self._pack_problem: str | None = None
+        self._consumed = 0
+        self._restored: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ setup: every check before any step
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        loader = fit_source_dataloader(trainer)
+        self._source = _check_loader(loader)
+        dataset = self._source.dataset
+        token_tensor(dataset[0])  # image or other non-token data raises here, naming what it found
+        found = sequence_lengths(dataset, self._given_lengths)
+        self.lengths = found.lengths
+        if found.source == "read":
+            rank_zero_info(f"SequenceBatching: read {len(self.lengths)} sample lengths in {found.seconds:.2f}s.")
+        self._batch = self.batch_size or self._source.batch_size
+        if self._batch is None and self.strategy in ("auto", "length_grouped") and self.batch_size is None:
+            raise SpeedupConfigError(
+                "`batch_size`=None and the train DataLoader has no batch_size. Allowed values: an integer >= 1."
+            )
+        if self.strategy in ("token_budget", "auto"):
+            self._sampler("token_budget")  # a budget below the longest sample raises here
+        self._pack_problem = None
+        if self.block_size is not None and self.strategy in ("packed", "auto"):
+            docs = [token_tensor(dataset[i]) for i in range(min(2, len(dataset)))]
+            self._pack_problem = packing_problem(pl_module, trainer, docs) if len(docs) == 2 else "one document"
+            if self._pack_problem is not None and self.strategy == "packed":
+                raise SpeedupConfigError(
+                    f"`strategy`='packed' cannot be used: {self._pack_problem}. Allowed values: 'length_grouped', "
+                    "'token_budget', 'auto'."
+                )
+
+    def _mean_length(self) -> float:
+        return sum(self.lengths) / len(self.lengths)
+
+    def _sampler(self, strategy: str) -> _SequenceBatchSampler:
+        common: dict[str, Any] = {"shuffle": self.shuffle, "seed": self.seed}
+        if strategy == "length_grouped":
+            return LengthGroupedSampler(self.lengths, self._batch or 1, drop_last=bool(self._source and
+                                                                                       self._source.drop_last),
+                                        **common)
+        if strategy == "token_budget":
+            budget = self.max_tokens
+            if budget is None:  # the real tokens per step of the user's batches, and room for the longest sample
+                longest = math.ceil(max(self.lengths) / self.multiple_of) * self.multiple_of
+                budget = max(longest, math.ceil((self._batch or 1) * self._mean_length()))
+            return TokenBudgetBatchSampler(self.lengths, budget, multiple_of=self.multiple_of, **common)
+        assert self.block_size is not None
+        rows = self.rows or max(1, round((self._batch or 1) * self._mean_length() / self.block_size))
+        return PackedBatchSampler(self.lengths, self.block_size, rows, **common)
+
+    def _collate(self, strategy: str) -> Callable[[list[Any]], Any]:
+        if strategy == "packed":
+            assert self.block_size is not None
+            return pack_collate(self.block_size, self.pad_value)
+        return pad_collate(self.pad_value, self.multiple_of)
+
+    # ------------------------------------------------------------------ fit start: choose and swap the loader
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._source is None:
+            return
+        if self._restored is not None:
+            self.chosen = self._restored["strategy"]
+        elif self.strategy == "auto":
+            self.chosen = trainer.strategy.broadcast(self._measure(trainer, pl_module) if trainer.is_global_zero
+                                                     else None, src=0)
+        else:
+            self.chosen = self.strategy
+        if self.chosen == "original":
+            rank_zero_info(f"SequenceBatching: your loader was fastest ({self._estimates_text()}); kept it.")
+            return
+        sampler = self._sampler(self.chosen)
+        if self._restored is not None and self._restored.get("sampler"):
+            sampler.load_state_dict(self._restored["sampler"])
+        src = self._source
+        kwargs: dict[str, Any] = {"num_workers": src.num_workers, "pin_memory": src.pin_memory}
+        if src.num_workers > 0:
+            kwargs.update(persistent_workers=src.persistent_workers, prefetch_factor=src.prefetch_factor,
+                          worker_init_fn=src.worker_init_fn, multiprocessing_context=src.multiprocessing_context)
+        self.loader = SequenceLoader(src.dataset, sampler, self._collate(self.chosen), **kwargs)
+        set_fit_train_loader(trainer, self.loader)
+        if train_dataloader_built(trainer):  # an earlier callback's trial loop built it already: rebuild
+            reload_train_dataloader(trainer)
+        extra = f" ({self._estimates_text()})" if self.estimates else ""
+        rank_zero_info(f"SequenceBatching: {self.chosen}, {len(sampler)} batches per epoch per rank{extra}.")
+
+    def _estimates_text(self) -> str:
+        return ", ".join(f"{k} {v:.2f}s/epoch" for k, v in sorted(self.estimates.items(), key=lambda kv: kv[1]))
+
+    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+        """Time the training step on batches of each candidate; the fastest estimated epoch wins."""
+        assert self._source is not None
+        device = trainer.strategy.root_device
+        model = training_copy(pl_module, trainer).to(device)
+        dataset = self._source.dataset
+        candidates = ["length_grouped", "token_budget"]
+        if self.block_size is not None and self._pack_problem is None:
+            candidates.append("packed")
+        elif self.block_size is not None:
+            rank_zero_info(f"SequenceBatching: packing not tried: {self._pack_problem}.")
+        self.estimates = {"original": self._original_seconds(model, device)}
+        for name in candidates:
+            sampler, collate = self._sampler(name), self._collate(name)
+            batches = sampler.batches()
+
+            def make(indices: Sequence[int], collate: Callable = collate) -> Any:
+                return collate([dataset[i] for i in indices])
+
+            sizes = [self._padded(name, b) for b in batches]
+            self.estimates[name] = estimate_epoch_seconds(model, device, batches, make, sizes)
+        del model
+        # the user's own loader must be beaten by a clear margin: its estimate comes from fewer batches
+        best = min(self.estimates, key=lambda k: self.estimates[k] * (1.0 if k == "original" else 1.05))
+        return best
+
+    def _padded(self, strategy: str, indices: Sequence[int]) -> int:
+        if strategy == "packed":
+            assert self.block_size is not None
+            return math.ceil(sum(self.lengths[i] for i in indices) / self.block_size) * self.block_size
+        longest = max(self.lengths[i] for i in indices)
+        return math.ceil(longest / self.multiple_of) * self.multiple_of * len(indices)
+
+    def _original_seconds(self, model: torch.nn.Module, device: torch.device, probes: int = 3) -> float:
+        assert self._source is not None
+        it = iter(self._source)
+        batches = [next(it) for _ in range(min(probes, len(self._source)))]
+        sizes = [batch_tokens(b) for b in batches]
+        per_batch = estimate_epoch_seconds(model, device, [[i] for i in range(len(batches))], lambda i: batches[i[0]],
+                                           sizes, probes=len(batches)) / len(batches)
+        return per_batch * len(self._source)
+
+    # ------------------------------------------------------------------ resume
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._consumed = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._consumed = batch_idx + 1
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        sampler = self.loader.batch_sampler if self.loader is not None else None
+        return {
+            "strategy": self.chosen,
+            "estimates": dict(self.estimates),
+            "sampler": sampler.state_dict(consumed=self._consumed) if sampler is not None else None,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("strategy") is not None:
+            self._restored = dict(state_dict)
+            self.estimates = dict(state_dict.get("estimates") or {})
+
+
+def _check_loader(loader: Any) -> DataLoader:
+    """The user's train loader, if it is a plain DataLoader over a map-style dataset that can be re-batched."""
+    if isinstance(loader, SequenceLoader):
+        raise SpeedupConfigError(
+            "`train_dataloaders` is a SequenceLoader already. Allowed values: a plain DataLoader. HINT: use either "
+            "SequenceBatching or your own sequence sampler, not both."
+        )
+    if not isinstance(loader, DataLoader):
+        raise SpeedupConfigError(
+            f"`train_dataloaders` is a {type(loader).__name__}. Allowed values: a torch DataLoader over a map-style "
+            "dataset of token samples."
+        )
+    if isinstance(loader.dataset, IterableDataset):
+        raise SpeedupConfigError(
+            "`train_dataloaders` reads an IterableDataset, whose samples cannot be grouped by length. Allowed values: "
+            "a DataLoader over a map-style dataset."
+        )
+    if not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
+        raise SpeedupConfigError(
+            f"`train_dataloaders` has a custom sampler ({type(loader.sampler).__name__}) that SequenceBatching would "
+            "replace. Allowed values: a DataLoader with shuffle=True/False and no custom sampler or batch_sampler."
+        )
+    return loader
+
+
+register_technique(
+    TechniqueInfo(
+        name="sequence_batching",
+        callback=SequenceBatching,
+        functional=pad_collate,
+        summary="Token sequences in batches of similar length (or packed), padded per batch: little compute on pads",
+        mission_tip="6, 7",
+        bench="lightning_speedups.benchmarks.sequences:run",
+        example_kwargs={"strategy": "length_grouped"},
+        example_task="text",
+    )
+)

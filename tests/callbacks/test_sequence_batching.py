@@ -1,0 +1,206 @@
+"""SequenceBatching: misconfiguration, fit per strategy, auto, packing checks, resume mid-epoch, DDP on CPU."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_speedups import SequenceBatching, SpeedupConfigError, packed_attention_mask, pad_collate
+from lightning_speedups.data import SequenceLoader
+
+
+class Tokens(Dataset):
+    """Long-tailed token samples ``{"input_ids", "label"}``; the label is the first token's parity."""
+
+    def __init__(self, n: int = 96, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        lengths = (torch.distributions.LogNormal(2.5, 0.7).sample((n,)).clamp(2, 120)).long().tolist()
+        self.samples = [torch.randint(1, 50, (k,), generator=g) for k in lengths]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.samples[i], "label": int(self.samples[i][0] % 2)}
+
+
+class TinyLM(L.LightningModule):
+    """A causal SDPA model that keeps packed documents apart when ``respect_boundaries``; records its batches."""
+
+    def __init__(self, respect_boundaries: bool = True) -> None:
+        super().__init__()
+        self.respect = respect_boundaries
+        self.embed = nn.Embedding(64, 16)
+        self.pos = nn.Embedding(256, 16)
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, 64)
+        self.seen: list[list[int]] = []
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        x = self.embed(input_ids) + self.pos(position_ids)
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        if self.respect:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=packed_attention_mask(position_ids))
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.squeeze(1))
+
+    def training_step(self, batch, batch_idx):
+        ids = batch["input_ids"]
+        self.seen.append(ids.sum(1).tolist())
+        logits = self(ids, batch.get("position_ids"))
+        labels = batch.get("labels", ids.masked_fill(batch.get("attention_mask", torch.ones_like(ids)) == 0, -100))
+        return F.cross_entropy(logits[:, :-1].reshape(-1, 64), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _trainer(callbacks, **kwargs) -> L.Trainer:
+    args = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, max_epochs=1)
+    args.update(kwargs)
+    return L.Trainer(callbacks=callbacks, **args)
+
+
+def _loader(data=None, batch_size=8, **kwargs) -> DataLoader:
+    return DataLoader(data or Tokens(), batch_size=batch_size, shuffle=True, collate_fn=pad_collate(), **kwargs)
+
+
+def test_sequence_batching_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match="`strategy`='fastest' is not supported"):
+        SequenceBatching("fastest")
+    with pytest.raises(SpeedupConfigError, match="`block_size`=None with `strategy`='packed'"):
+        SequenceBatching("packed")
+    for arg in ("batch_size", "max_tokens", "block_size", "rows", "multiple_of"):
+        with pytest.raises(SpeedupConfigError, match=f"`{arg}`=0 is out of range"):
+            SequenceBatching("length_grouped", **{arg: 0})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"strategy": "token_budget", "max_tokens": 16}, r"`max_tokens`=16 is below sample \d+, of length \d+"),
+        ({"strategy": "length_grouped", "lengths": [3, 4]}, "`lengths` has 2 entries but the dataset has 96"),
+    ],
+)
+def test_sequence_batching_setup_errors(kwargs, match):
+    model = TinyLM()
+    with pytest.raises(SpeedupConfigError, match=match):
+        _trainer([SequenceBatching(**kwargs)], max_steps=1).fit(model, _loader())
+    assert model.seen == []  # refused before any step
+
+
+def test_sequence_batching_refuses_image_data():
+    images = torch.utils.data.TensorDataset(torch.rand(16, 3, 8, 8), torch.zeros(16, dtype=torch.long))
+    with pytest.raises(SpeedupConfigError, match="holds no token tensor"):
+        _trainer([SequenceBatching("length_grouped")], max_steps=1).fit(TinyLM(), DataLoader(images, batch_size=4))
+
+
+def test_sequence_batching_refuses_custom_sampler():
+    data = Tokens()
+    loader = DataLoader(data, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 96, 96),
+                        collate_fn=pad_collate())
+    with pytest.raises(SpeedupConfigError, match="custom sampler \\(WeightedRandomSampler\\)"):
+        _trainer([SequenceBatching("length_grouped")], max_steps=1).fit(TinyLM(), loader)
+
+
+def test_sequence_batching_packing_refused_for_a_model_whose_attention_crosses_documents():
+    model = TinyLM(respect_boundaries=False)
+    with pytest.raises(SpeedupConfigError, match="`TinyLM` gives different outputs.*crosses documents"):
+        _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(model, _loader())
+    assert model.seen == []
+
+
+def test_sequence_batching_packing_refused_without_position_ids():
+    class NoPositions(TinyLM):
+        def forward(self, input_ids):
+            return super().forward(input_ids)
+
+    with pytest.raises(SpeedupConfigError, match="`NoPositions.forward` takes no `position_ids`"):
+        _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(NoPositions(), _loader())
+
+
+@pytest.mark.parametrize("strategy", ["length_grouped", "token_budget", "packed"])
+def test_sequence_batching_fit(strategy):
+    model, cb = TinyLM(), SequenceBatching(strategy, block_size=64, multiple_of=1)
+    trainer = _trainer([cb])
+    trainer.fit(model, _loader())
+    assert cb.chosen == strategy and isinstance(cb.loader, SequenceLoader)
+    assert len(model.seen) == len(cb.loader) > 0
+    if strategy == "packed":
+        assert all(len(row) >= 1 for row in model.seen)
+    else:  # every sample trained exactly once in the epoch
+        assert sum(len(b) for b in model.seen) == 96
+
+
+def test_sequence_batching_auto_measures_and_keeps_a_candidate():
+    cb = SequenceBatching("auto", block_size=64)
+    trainer = _trainer([cb], max_steps=2)
+    trainer.fit(TinyLM(), _loader())
+    assert set(cb.estimates) == {"original", "length_grouped", "token_budget", "packed"}
+    assert cb.chosen == min(cb.estimates, key=lambda k: cb.estimates[k] * (1.0 if k == "original" else 1.05))
+
+
+def test_sequence_batching_reads_module_loaders():
+    class WithData(TinyLM):
+        def train_dataloader(self):
+            return _loader()
+
+    model, cb = WithData(), SequenceBatching("length_grouped")
+    _trainer([cb], max_steps=3).fit(model)
+    assert cb.chosen == "length_grouped" and len(model.seen) == 3
+
+
+def _run(tmp_path, max_steps, ckpt=None, save_every=None):
+    L.seed_everything(0)
+    model = TinyLM()
+    callbacks = [SequenceBatching("token_budget", seed=3)]
+    if save_every:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=save_every,
+                                                             save_top_k=-1))
+    trainer = _trainer(callbacks, max_steps=max_steps, max_epochs=3, enable_checkpointing=bool(save_every))
+    trainer.fit(model, _loader(), ckpt_path=ckpt)
+    return model
+
+
+def test_sequence_batching_resume_mid_epoch(tmp_path):
+    full = _run(tmp_path / "a", max_steps=30)
+    steps_per_epoch = len(full.seen) // 3 + 1
+    stop = steps_per_epoch + 4  # in the middle of the second epoch
+    first = _run(tmp_path / "b", max_steps=stop, save_every=stop)
+    ckpt = next((tmp_path / "b").glob("*.ckpt"))
+    state = torch.load(ckpt, weights_only=True)
+    assert any("SequenceBatching" in k for k in state["callbacks"])  # plain data, loads with weights_only
+    resumed = _run(tmp_path / "c", max_steps=30, ckpt=str(ckpt))
+    assert first.seen + resumed.seen == full.seen
+
+
+class _RecordRank(L.Callback):
+    """Writes each rank's trained sample indices (by token sum) and padded token counts to a file."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer, pl_module):
+        torch.save({"seen": pl_module.seen, "chosen": trainer.callbacks[0].chosen},
+                   f"{self.path}/rank{trainer.global_rank}.pt")
+
+
+def test_sequence_batching_ddp_two_ranks(tmp_path):
+    cb = SequenceBatching("auto")
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[cb, _RecordRank(tmp_path)])
+    trainer.fit(TinyLM(), _loader())
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert ranks[0]["chosen"] == ranks[1]["chosen"]  # rank 0 decided for both
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0  # the same number of steps on both ranks
+    # together the ranks cover the epoch (a completed last step may repeat a few samples)
+    assert sum(len(b) for r in ranks for b in r["seen"]) >= 96
