@@ -34,6 +34,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateFinder, StochasticWeightAveraging
 from torch import nn
 
+from lightning_speedups._autotune_optim import optimizers_of, returns_scheduler
 from lightning_speedups._autotune_trials import Choice, _detached_copy
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA, SHARDED_STRATEGIES
@@ -110,30 +111,6 @@ def ema_choice(model: nn.Module, device: torch.device, step_s: float, trainer_kw
     return Choice("ema", EMA_DECAY, [None, EMA_DECAY], gain, (gain, gain), len(times) - 1, note), None
 
 
-def _returns_scheduler(conf: Any) -> bool:
-    """Whether a ``configure_optimizers`` return value (any form Lightning accepts) holds an LR scheduler."""
-    if isinstance(conf, dict):
-        return conf.get("lr_scheduler") is not None
-    if isinstance(conf, (list, tuple)):
-        if len(conf) == 2 and isinstance(conf[0], (list, tuple)):  # ([optimizers], [schedulers])
-            return bool(conf[1])
-        return any(_returns_scheduler(c) for c in conf)
-    return isinstance(conf, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
-
-
-def _optimizers(conf: Any) -> list[Any]:
-    """The optimizers in a ``configure_optimizers`` return value."""
-    if isinstance(conf, torch.optim.Optimizer):
-        return [conf]
-    if isinstance(conf, dict):
-        return _optimizers(conf.get("optimizer"))
-    if isinstance(conf, (list, tuple)):
-        if len(conf) == 2 and isinstance(conf[0], (list, tuple)):
-            return _optimizers(conf[0])
-        return [opt for c in conf for opt in _optimizers(c)]
-    return []
-
-
 _ADAM_TYPE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax)
 
 
@@ -165,9 +142,9 @@ def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any]) -> str | 
     except Exception as err:  # e.g. it reads self.trainer, which only a fit attaches
         return (f"could not check whether `configure_optimizers` returns a scheduler outside a fit "
                 f"({type(err).__name__}: {err})")
-    if _returns_scheduler(conf):
+    if returns_scheduler(conf):
         return f"`{type(model).__name__}.configure_optimizers` already returns an LR scheduler"
-    others = sorted({type(opt).__name__ for opt in _optimizers(conf) if not isinstance(opt, _ADAM_TYPE)})
+    others = sorted({type(opt).__name__ for opt in optimizers_of(conf) if not isinstance(opt, _ADAM_TYPE)})
     if others:  # a 3x peak on a tuned SGD lr can diverge, and the bench measured Adam only
         return (f"its evidence is for Adam-type optimizers ({', '.join(t.__name__ for t in _ADAM_TYPE)}), and "
                 f"`configure_optimizers` returns {', '.join(others)}, whose learning rate is kept")

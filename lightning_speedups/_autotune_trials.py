@@ -19,6 +19,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import nn
 
+from lightning_speedups._autotune_optim import trial_optimizer, with_implementation
 from lightning_speedups._inputs import flat_tensors
 from lightning_speedups.functional.channels_last import to_channels_last
 from lightning_speedups.measure import Comparison, compare, interleaved_timings, median
@@ -58,6 +59,7 @@ class TrialContext:
     notes: list[str] = field(default_factory=list)
     loader: Any = None  # the user's training loader (iterated in trials with the RNG forked, never changed)
     datamodule: Any = None
+    own_loader: bool = False  # the loader is the model's own train_dataloader(), not one the user passed
 
     def budget_left(self) -> float:
         return self.deadline - self.clock()
@@ -107,22 +109,26 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
     if plan.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
         batch = to_channels_last(batch)
-    params = [p for p in model.parameters() if p.requires_grad]
-    impl = plan.get("implementation")
-    kwargs = {"fused": True} if impl == "fused" else {"foreach": True} if impl == "foreach" else {}
-    try:
-        optimizer = torch.optim.AdamW(params, lr=1e-4, **kwargs)
-    except (RuntimeError, TypeError, ValueError):
-        optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = _trial_optimizer(ctx, model, plan.get("implementation"))
     precision = plan.get("precision", "32-true")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     only = bool(plan.get("optimizer_only"))  # the optimizer's step alone, on the gradients of one training step
+    scaler = torch.amp.GradScaler(ctx.device.type) if precision == "16-mixed" else None
 
     def backward() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with _quiet(), torch.autocast(ctx.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        # 32-true runs no autocast context at all, as the Trainer's does
+        cast = torch.autocast(ctx.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        with _quiet(), cast:
             loss = _loss(model, batch)
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def optimizer_step() -> None:
+        if scaler is None:
+            optimizer.step()
+        else:  # unscale, inf check, step, update: what Lightning's 16-mixed runs
+            scaler.step(optimizer)
+            scaler.update()
 
     if only:
         backward()
@@ -131,11 +137,23 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
         for _ in range(steps):
             if not only:
                 backward()
-            optimizer.step()
+            optimizer_step()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
 
     return step
+
+
+def _trial_optimizer(ctx: TrialContext, model: nn.Module, implementation: str | None) -> torch.optim.Optimizer:
+    """The optimizer the fit will step, built by ``model``'s (the copy's) own ``configure_optimizers``, with the
+    plan's kernel; AdamW (noted once in the plan) when it cannot be built outside a fit."""
+    optimizer, why = trial_optimizer(model)
+    if optimizer is None:
+        note = f"the trials timed AdamW (lr 1e-4), not the model's optimizer: {why}"
+        if note not in ctx.notes:
+            ctx.notes.append(note)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    return with_implementation(optimizer, implementation)
 
 
 def _detached_copy(module: nn.Module) -> nn.Module:
@@ -188,6 +206,13 @@ def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
 
 
 def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
+    from lightning_speedups.optim import SpeedupMixin
+
+    if not isinstance(ctx.model, SpeedupMixin):  # the plan sets SpeedupMixin's optimizer_config, never user code
+        ctx.notes.append(f"fused/foreach optimizer not tried: `{type(ctx.model).__name__}.configure_optimizers` builds "
+                         "its own optimizer, which the plan does not rewrite. HINT: pass fused=True (or foreach=True) "
+                         "to the optimizer there, or use SpeedupMixin, whose `optimizer_config` the plan sets")
+        return None
     # Amdahl first: a faster optimizer kernel saves at most the optimizer's share of a step. Where that share is too
     # small for the margin even at zero cost (a small CNN's Adam: about 2% of a step), the comparison, which would need
     # many rounds to separate a 2% gain from the 5% margin, is not run
@@ -211,7 +236,27 @@ def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
 BATCH_DOUBLING_COST = 1.5
 
 
+def _batch_blocker(ctx: TrialContext) -> str | None:
+    """Why :meth:`TunePlan.apply` could not set a larger batch for this data (``None``: it can)."""
+    from lightning_speedups.callbacks._batch_size_trials import fit_loader_problem
+    from lightning_speedups.data import DeviceDataLoader
+
+    if ctx.datamodule is not None or ctx.own_loader:
+        if any(h is not None and hasattr(h, "batch_size") for h in (ctx.datamodule, ctx.model)):
+            return None
+        return ("neither the datamodule nor the model has a `batch_size` attribute to set" if ctx.datamodule is not None
+                else "the model has no `batch_size` attribute for its train_dataloader() to read")
+    if isinstance(ctx.loader, DeviceDataLoader):
+        return None
+    problem = fit_loader_problem(ctx.loader)
+    return None if problem is None else f"the training data is {problem}, which cannot be rebuilt at another batch size"
+
+
 def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
+    why = _batch_blocker(ctx)
+    if why is not None:  # a doubled batch that apply() could not set must not be kept (nor scale the schedule's lr)
+        ctx.notes.append(f"batch_size not tried: {why}")
+        return None
     # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won
     scale, rounds, gain, interval, stopped = 1, 0, 1.0, (1.0, 1.0), ""
     need = (1.0 + ctx.margin) * BATCH_DOUBLING_COST

@@ -7,9 +7,11 @@ the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_
 (device-resident data vs the DataLoader), batch size (with LR scaling; a doubled batch must raise samples/s by 1.5x
 and the margin, because it needed 1.5x the samples to the target on the bench tasks), the fused/foreach optimizer
 (compared only where the optimizer step is a large enough share of a training step to pay the margin even at zero
-cost) and ``torch.compile`` (kept only where its measured compile time is paid back within the planned run). The
-trials take at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain JSON, keyed by machine
-and model signature), so a second run skips the trials.
+cost, and only for a :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can
+set: a plain module's ``configure_optimizers`` is its own code, so the plan notes where to pass ``fused=True``
+instead of rewriting it) and ``torch.compile`` (kept only where its measured compile time is paid back within the
+planned run). The trials take at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain
+JSON, keyed by machine and model signature), so a second run skips the trials.
 
 Beyond faster steps, the plan adds time-to-accuracy ``methods`` (the EMA of the weights and a schedule for time to
 target) that reached the target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so
@@ -37,6 +39,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
 
 from lightning_speedups._autotune_cache import PlanCache, plan_key
 from lightning_speedups._autotune_methods import (
@@ -49,6 +52,8 @@ from lightning_speedups._autotune_methods import (
 from lightning_speedups._autotune_trials import CANDIDATES, Choice, TrialContext
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
+from lightning_speedups.callbacks._batch_size_trials import fit_loader_problem, rebuild_loader
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.optim import SpeedupMixin, scale_lr
 
 __all__ = ["TunePlan", "autotune", "list_candidates"]
@@ -65,7 +70,9 @@ class TunePlan:
 
     Unpacks as ``callbacks, trainer_kwargs = plan``; call :meth:`apply` to set the batch size (with LR scaling) and the
     optimizer kernel on the model and datamodule. When the data trial kept device-resident data, fit with
-    ``plan.datamodule`` (or ``plan.train_dataloaders``) instead of the original.
+    ``plan.datamodule`` (or ``plan.train_dataloaders``) instead of the original; when the data is a plain
+    ``DataLoader`` and the plan enlarged the batch, :meth:`apply` sets ``plan.train_dataloaders`` to a rebuilt loader
+    at the planned size: fit with ``plan.datamodule or plan.train_dataloaders or data``.
     """
 
     settings: dict[str, Any]
@@ -90,25 +97,56 @@ class TunePlan:
         return total
 
     def apply(self, model: L.LightningModule, datamodule: Any = None) -> L.LightningModule:
-        """Set what cannot travel in callbacks: the batch size (and its LR scaling) and the optimizer kernel."""
+        """Set what cannot travel in callbacks: the batch size (and its LR scaling) and the optimizer kernel.
+
+        The larger batch goes where the run reads it: the device twin (``plan.train_dataloaders`` /
+        ``plan.datamodule``) when the data trial kept one, else a plain ``DataLoader`` passed as ``datamodule`` is
+        rebuilt at the planned size as ``plan.train_dataloaders`` (fit with that one: a DataLoader cannot be
+        re-batched in place), else the ``batch_size`` attribute of the datamodule or the model. A
+        :class:`SpeedupMixin` model's lr follows by the square-root rule; a plain module's follows through the
+        schedule method's peak. When the batch cannot be set, nothing is scaled and a note says why. The fused /
+        foreach kernel is set on a SpeedupMixin model's ``optimizer_config``; autotune does not try it for a plain
+        module, whose own ``configure_optimizers`` builds the optimizer. Call it once, before the fit.
+        """
         scale = int(self.settings.get("batch_scale", 1))
         impl = self.settings.get("implementation")
         if scale > 1:
-            holders = (self.datamodule, datamodule, model)
-            holder = next((h for h in holders if h is not None and hasattr(h, "batch_size")), None)
-            if holder is None:
-                self.notes.append(f"batch x{scale} not applied: no `batch_size` attribute on the datamodule or model")
-            else:
-                old = int(holder.batch_size)
-                holder.batch_size = old * scale
-                if isinstance(model, SpeedupMixin):  # keep the LR right for the larger batch (sqrt rule)
-                    cfg = model.optimizer_config
-                    model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, "sqrt"))
+            old = self._rebatch(model, datamodule, scale)
+            if old is None:  # no larger batch: the schedule's peak must not follow one
+                for cb in self.callbacks:
+                    if isinstance(cb, FastSchedule) and cb.batch_size is not None:
+                        cb.base_batch_size = cb.batch_size = None
+            elif isinstance(model, SpeedupMixin):  # keep the LR right for the larger batch (sqrt rule)
+                cfg = model.optimizer_config
+                model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, "sqrt"))
         if impl and isinstance(model, SpeedupMixin):
             model.optimizer_config = dataclasses.replace(model.optimizer_config, implementation=impl)
         elif impl:
             self.notes.append(f"optimizer {impl!r} not applied: the model's own configure_optimizers owns it")
         return model
+
+    def _rebatch(self, model: L.LightningModule, data: Any, scale: int) -> int | None:
+        """Set the batch ``scale`` times larger where the run reads it; the old batch size, or ``None`` (noted)."""
+        twin = self.train_dataloaders
+        if twin is not None and not isinstance(twin, DataLoader):  # the device twin the data trial kept
+            old = int(twin.batch_size)
+            twin.batch_size = old * scale
+            return old
+        if isinstance(data, DataLoader):
+            problem = fit_loader_problem(data)
+            if problem is not None or not isinstance(data.batch_size, int):
+                self.notes.append(f"batch x{scale} not applied: the training data is {problem or 'unbatched'}, which "
+                                  "cannot be rebuilt at another batch size")  # fmt: skip
+                return None
+            self.train_dataloaders = rebuild_loader(data, data.batch_size * scale)
+            return data.batch_size
+        holder = next((h for h in (self.datamodule, data, model) if h is not None and hasattr(h, "batch_size")), None)
+        if holder is None:
+            self.notes.append(f"batch x{scale} not applied: no `batch_size` attribute on the datamodule or model")
+            return None
+        old = int(holder.batch_size)
+        holder.batch_size = old * scale
+        return old
 
     def to_text(self) -> str:
         lines = [f"autotune plan ({'cached' if self.from_cache else f'{self.trial_s:.1f}s of trials'}):"]
@@ -161,9 +199,13 @@ def autotune(
     """Measure the candidates on copies of ``model`` and return a :class:`TunePlan` (``model`` is not changed).
 
     Args:
-        model: the LightningModule to tune (plain or :class:`SpeedupMixin`); its ``training_step`` is timed.
+        model: the LightningModule to tune (plain or :class:`SpeedupMixin`); its ``training_step`` is timed, with
+            the first optimizer its ``configure_optimizers`` returns (AdamW, with a note, when that needs a fit).
         datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
-        candidates: a subset of :func:`list_candidates` (default: all).
+        candidates: a subset of :func:`list_candidates` (default: all). A candidate the plan could not apply to
+            this model and data is not tried, with a note: the batch size for a loader that cannot be rebuilt
+            (custom sampler or batch_sampler, IterableDataset) or data with no ``batch_size`` to set; the fused /
+            foreach kernel for a module that is not a :class:`SpeedupMixin`.
         methods: time-to-accuracy methods to add (default: all, ``["ema", "schedule"]``; ``[]`` for none). They
             need fewer steps rather than faster ones, so a trial cannot time their benefit: each is in the default
             plan because it reached the target sooner on both end-to-end bench tasks (see
@@ -228,8 +270,9 @@ def autotune(
             plan.notes.append(missing)
         return plan
     start = clock()
+    own = dm is None and loaders is None  # the model's own train_dataloader()
     ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
-                       clock=clock, loader=loader, datamodule=dm)  # fmt: skip
+                       clock=clock, loader=loader, datamodule=dm, own_loader=own)  # fmt: skip
     ctx.plan["no_bf16"] = no_bf16
     from lightning_speedups._autotune_trials import make_step
 
@@ -319,6 +362,10 @@ def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict
 
         callbacks.append(TorchCompile())
     notes: list[str] = []
+    if settings.get("implementation") and model is not None and not isinstance(model, SpeedupMixin):
+        settings.pop("implementation")  # a plan cached before plain modules were left out of the kernel trial
+        choices = [c for c in choices if c.name != "optimizer"]
+        notes.append(f"optimizer kernel not applied: `{type(model).__name__}.configure_optimizers` builds its own")
     callbacks += method_callbacks(settings, trainer_kwargs, notes, model, *shape, checked=checked)
     kwargs = dict(trainer_kwargs)
     kwargs["precision"] = settings.get("precision", "32-true")

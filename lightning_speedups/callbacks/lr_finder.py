@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -10,10 +12,15 @@ from lightning.pytorch.callbacks import LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr
 
-from lightning_speedups._compat import undo_lr_find_debias
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.optim.lr_finder import LRFinderResult, apply_lr, check_range_test_args, suggest_lr
+from lightning_speedups.optim.lr_finder import (
+    LRFinderResult,
+    apply_lr,
+    check_range_test_args,
+    result_from_range_test,
+    suggest_lr,
+)
 
 __all__ = ["LRFinder"]
 
@@ -22,7 +29,9 @@ class LRFinder(LearningRateFinder):
     """Run an LR range test when ``fit`` starts, pick a learning rate by ``rule`` and train with it.
 
     It reuses Lightning's ``LearningRateFinder`` (which saves and restores the model, optimizer and loops around the
-    test), reads the curve with one of the rules of :func:`~lightning_speedups.optim.lr_finder.suggest_lr`, writes the
+    test), runs its ``num_training_steps`` over as many epochs of the data as they need (without validating in
+    between), reports a test that stopped early anyway (a diverging loss) in ``result.stop_reason`` and a warning,
+    reads the curve with one of the rules of :func:`~lightning_speedups.optim.lr_finder.suggest_lr`, writes the
     result into ``pl_module.optimizer_config.lr`` (or ``lr`` / ``learning_rate``), and rebuilds the optimizer and
     scheduler so the run starts from the suggested learning rate. Resumed runs (``ckpt_path``) skip the test.
 
@@ -64,6 +73,7 @@ class LRFinder(LearningRateFinder):
             update_attr=False,
         )
         self.rule = rule
+        self.num_training_steps, self.early_stop_threshold = num_training_steps, early_stop_threshold
         self.plot_path = plot_path
         self.result: LRFinderResult | None = None
 
@@ -82,13 +92,13 @@ class LRFinder(LearningRateFinder):
         if trainer.ckpt_path is not None or trainer.global_step != 0:
             rank_zero_info("LRFinder: resumed run, keeping the checkpoint's learning rate.")
             return
-        super().lr_find(trainer, pl_module)
+        with _steps_not_epochs(trainer):
+            super().lr_find(trainer, pl_module)
         finder = self.optimal_lr
         if finder is None or not finder.results:  # fast_dev_run: Lightning skips the test
             return
-        self.result = LRFinderResult.from_curve(
-            finder.results["lr"], undo_lr_find_debias(finder.results["loss"]), self.rule
-        )
+        self.result = result_from_range_test(finder.results, self.rule, self.num_training_steps,
+                                             self.early_stop_threshold)  # fmt: skip
         where = apply_lr(pl_module, self.result.lr)
         # the optimizer and scheduler were built with the old lr: rebuild them (no step has run yet)
         trainer.strategy.setup_optimizers(trainer)
@@ -98,6 +108,23 @@ class LRFinder(LearningRateFinder):
 
     def state_dict(self) -> dict[str, Any]:
         return {"lr": None if self.result is None else self.result.lr, "rule": self.rule}
+
+
+@contextmanager
+def _steps_not_epochs(trainer: L.Trainer) -> Iterator[None]:
+    """Let the range test run its steps over as many epochs as they need, without validation in between.
+
+    Lightning's test runs the fit loop with ``max_steps`` set, but under the Trainer's ``max_epochs``: a 40-batch epoch
+    with ``max_epochs=1`` ended a 100-step test at step 40, covering only the low end of the range.
+    """
+    loop = trainer.fit_loop
+    max_epochs, every = loop.max_epochs, trainer.check_val_every_n_epoch
+    loop.max_epochs = -1  # the test's max_steps (and a diverging loss) end it
+    trainer.check_val_every_n_epoch = 1_000_000  # the test only needs the training loss
+    try:
+        yield
+    finally:
+        loop.max_epochs, trainer.check_val_every_n_epoch = max_epochs, every
 
 
 register_technique(

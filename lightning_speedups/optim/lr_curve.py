@@ -27,7 +27,7 @@ from lightning_speedups._errors import SpeedupRuntimeError, check_choice
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["LR_RULES", "LRFinderResult", "suggest_from_curve"]
+__all__ = ["LR_RULES", "LRFinderResult", "range_test_stop", "suggest_from_curve"]
 
 
 def _finite(lrs: Sequence[float], losses: Sequence[float]) -> tuple[list[float], list[float]]:
@@ -117,21 +117,61 @@ def suggest_from_curve(lrs: Sequence[float], losses: Sequence[float], rule: str 
     return float(min(max(lr, lr_list[0]), lr_list[-1]))
 
 
+def range_test_stop(losses: Sequence[float], planned_steps: int, early_stop_threshold: float | None) -> str | None:
+    """Why a range test with ``len(losses)`` of ``planned_steps`` points stopped early (``None``: it did not).
+
+    ``losses`` are the smoothed losses the test compared (Lightning's): it stops once one exceeds
+    ``early_stop_threshold`` x the best before it. A shorter curve without that is a fit loop that ended first.
+    """
+    if len(losses) >= planned_steps:
+        return None
+    finite = [float(x) for x in losses[:-1] if math.isfinite(x)]
+    if early_stop_threshold is not None and finite and losses and losses[-1] > early_stop_threshold * min(finite):
+        return (f"the loss diverged: {float(losses[-1]):.4g} exceeded `early_stop_threshold`={early_stop_threshold:g}"
+                f" x the best loss {min(finite):.4g}")
+    return "the fit loop ended before the planned steps (the training data or a Trainer limit ran out)"
+
+
 @dataclass
 class LRFinderResult:
-    """The range test's curve, every rule's suggestion, and the chosen learning rate."""
+    """The range test's curve, every rule's suggestion, the chosen learning rate, and how much of the range was run.
+
+    ``planned_steps`` is the test's ``num_training_steps``; ``steps_run`` the points it recorded; ``lr_covered`` the
+    lowest and highest learning rate tried; ``stop_reason`` says why it stopped before ``planned_steps`` (``None``: it
+    covered the whole range), and the suggestion then comes from the part it covered.
+    """
 
     lrs: list[float]
     losses: list[float]
     rule: str
     lr: float
     suggestions: dict[str, float] = field(default_factory=dict)
+    planned_steps: int | None = None
+    steps_run: int = 0
+    lr_covered: tuple[float, float] = (math.nan, math.nan)
+    stop_reason: str | None = None
 
     @classmethod
-    def from_curve(cls, lrs: Sequence[float], losses: Sequence[float], rule: str) -> LRFinderResult:
-        """Evaluate every rule on the curve and pick ``rule``'s suggestion."""
+    def from_curve(cls, lrs: Sequence[float], losses: Sequence[float], rule: str, planned_steps: int | None = None,
+                   stop_reason: str | None = None) -> LRFinderResult:
+        """Evaluate every rule on the curve and pick ``rule``'s suggestion (``planned_steps``, ``stop_reason``: how
+        much of the test ran and why it stopped early, see :func:`range_test_stop`)."""
         suggestions = {name: suggest_from_curve(lrs, losses, name) for name in LR_RULES}
-        return cls([float(x) for x in lrs], [float(x) for x in losses], rule, suggestions[rule], suggestions)
+        tried = [float(x) for x in lrs]
+        return cls(tried, [float(x) for x in losses], rule, suggestions[rule], suggestions, planned_steps, len(tried),
+                   (min(tried), max(tried)) if tried else (math.nan, math.nan), stop_reason)  # fmt: skip
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the test ran fewer steps than planned (see ``stop_reason``)."""
+        return self.stop_reason is not None
+
+    def coverage_text(self) -> str:
+        """One line: the steps run of those planned, the learning rates covered, and why it stopped early."""
+        planned = "?" if self.planned_steps is None else str(self.planned_steps)
+        text = (f"the LR range test ran {self.steps_run} of {planned} steps, covering lr {self.lr_covered[0]:.3g} to "
+                f"{self.lr_covered[1]:.3g}")
+        return text + (f": stopped early, {self.stop_reason}" if self.stop_reason else "")
 
     def plot(self, path: str | os.PathLike[str] | None = None, ax: Any = None) -> Figure:
         """Loss against lr (log scale) with each rule's suggestion marked; saves a PNG when ``path`` is given."""

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 
 from lightning_speedups._compat import undo_lr_find_debias
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
-from lightning_speedups.optim.lr_curve import LR_RULES, LRFinderResult, suggest_from_curve
+from lightning_speedups.optim.lr_curve import LR_RULES, LRFinderResult, range_test_stop, suggest_from_curve
 
 # the older name of the fix for Lightning's smoothed-loss off-by-one (it relies on Lightning's LR callback)
 _fix_lightning_debias = undo_lr_find_debias
@@ -26,7 +26,25 @@ _fix_lightning_debias = undo_lr_find_debias
 if TYPE_CHECKING:
     import lightning as L
 
-__all__ = ["LR_RULES", "LRFinderResult", "suggest_lr", "suggest_from_curve", "apply_lr", "check_range_test_args"]
+__all__ = ["LR_RULES", "LRFinderResult", "suggest_lr", "suggest_from_curve", "apply_lr", "check_range_test_args",
+           "result_from_range_test"]
+
+
+def result_from_range_test(results: dict[str, list[float]], rule: str, planned_steps: int,
+                           early_stop_threshold: float | None) -> LRFinderResult:
+    """The :class:`LRFinderResult` of Lightning's range test (``_LRFinder.results``: ``lr`` and smoothed ``loss``).
+
+    A test that ran fewer than ``planned_steps`` steps (the loss diverged, or the fit loop ended) is reported: the
+    result's ``stop_reason``, ``steps_run`` and ``lr_covered`` say so, and a warning names the range covered, since
+    its suggestion only comes from that part of the range.
+    """
+    losses = list(results["loss"])
+    reason = range_test_stop(losses, planned_steps, early_stop_threshold)
+    result = LRFinderResult.from_curve(results["lr"], undo_lr_find_debias(losses), rule, planned_steps, reason)
+    if reason is not None:
+        rank_zero_warn(f"LR finder: {result.coverage_text()}; the `{rule}` suggestion {result.lr:.3g} comes from "
+                       "that part of the range only.")
+    return result
 
 
 def apply_lr(module: Any, lr: float) -> str:
@@ -99,8 +117,10 @@ def suggest_lr(
     """Run Lightning's LR range test on ``model`` and suggest a learning rate by ``rule``.
 
     The test runs in a throw-away Trainer inside a temporary directory (no files left behind); the model's weights,
-    buffers and the RNG state are restored exactly afterwards. With ``update=True`` the suggestion is written into
-    ``model.optimizer_config.lr`` (see :func:`apply_lr`).
+    buffers and the RNG state are restored exactly afterwards. It runs ``num_training_steps`` steps over as many
+    epochs of the data as they need (a ``max_epochs`` in ``trainer_kwargs`` is ignored); a test that stops early
+    anyway (a diverging loss) is reported in the result's ``stop_reason`` and a warning. With ``update=True`` the
+    suggestion is written into ``model.optimizer_config.lr`` (see :func:`apply_lr`).
 
     Args:
         model: the LightningModule (its ``configure_optimizers`` provides the optimizer the test drives).
@@ -147,6 +167,7 @@ def suggest_lr(
         devices=1,
     )
     kwargs.update(trainer_kwargs or {})
+    kwargs["max_epochs"] = -1  # as many passes over the data as the planned steps need: the steps end the test
     with isolate_rng(), tempfile.TemporaryDirectory(prefix="lr_find_") as tmp:
         trainer = L.Trainer(default_root_dir=tmp, **kwargs)
         finder = Tuner(trainer).lr_find(
@@ -165,7 +186,7 @@ def suggest_lr(
             "The LR range test did not run. Allowed values: `trainer_kwargs` without `fast_dev_run`. HINT: Lightning "
             "skips the test under fast_dev_run."
         )
-    result = LRFinderResult.from_curve(finder.results["lr"], undo_lr_find_debias(finder.results["loss"]), rule)
+    result = result_from_range_test(finder.results, rule, num_training_steps, early_stop_threshold)
     if update:
         where = apply_lr(model, result.lr)
         rank_zero_info(f"LR finder ({rule}): lr = {result.lr:.3g} written to `{where}`.")

@@ -192,3 +192,45 @@ def test_lr_plots_write_png() -> None:
     lrs = simulate_lr_schedule({"name": "multistep", "milestones": [2], "gamma": 0.5}, {"lr": 0.2}, 40, 10)
     assert lrs[:20] == [0.2] * 20 and lrs[20:] == pytest.approx([0.1] * 20)
     assert simulate_lr_schedule(None, {"lr": 0.3}, 5) == [0.3] * 5
+
+
+def test_lr_finder_range_test_covers_its_range_on_a_short_epoch() -> None:
+    # issue 23: a 40-batch epoch under max_epochs=1 ended a 100-step test at step 40 (1e-6 to 2.5e-4 of 1e-6 to 1)
+    model = DemoClassifier(width=4, optimizer_config=OptimizerConfig("sgd", lr=0.01))
+    finder = LRFinder(num_training_steps=100, early_stop_threshold=None)
+    trainer = quiet_trainer(max_epochs=1, limit_val_batches=1, callbacks=[finder])
+    trainer.fit(model, TinyData(n_batches=40))
+    result = finder.result
+    assert result is not None and result.steps_run == len(result.lrs) == 100 and result.planned_steps == 100
+    assert result.stop_reason is None and not result.stopped_early
+    assert result.lr_covered[0] == pytest.approx(1e-6) and result.lr_covered[1] > 0.8
+    assert trainer.global_step == 40 and trainer.current_epoch == 1  # the real run: one epoch, as asked
+    assert trainer.check_val_every_n_epoch == 1 and trainer.fit_loop.max_epochs == 1
+    # suggest_lr too, even when its trainer_kwargs carry a max_epochs
+    result = suggest_lr(model, TinyData(n_batches=8), num_training_steps=20, update=False, early_stop_threshold=None,
+                        trainer_kwargs={"max_epochs": 1})  # fmt: skip
+    assert result.steps_run == 20 and result.stop_reason is None
+
+
+def test_lr_finder_reports_a_range_test_that_stopped_early() -> None:
+    # a huge max_lr makes plain SGD diverge: the test stops before its planned steps, and says where and why
+    model = DemoClassifier(width=4, optimizer_config=OptimizerConfig("sgd", lr=0.01))
+    with pytest.warns(UserWarning, match=r"LR finder: the LR range test ran \d+ of 60 steps, covering lr 1e-05 to"):
+        result = suggest_lr(model, TinyData(n_batches=6), num_training_steps=60, min_lr=1e-5, max_lr=1e6,
+                            update=False, early_stop_threshold=1.5)  # fmt: skip
+    assert result.stopped_early and result.steps_run < 60 and result.planned_steps == 60
+    assert result.stop_reason.startswith("the loss diverged") and "`early_stop_threshold`=1.5" in result.stop_reason
+    assert result.lr_covered == (min(result.lrs), max(result.lrs)) and result.lr_covered[1] < 1e6
+    assert result.lr_covered[0] <= result.lr <= result.lr_covered[1]
+
+
+def test_range_test_stop_reasons() -> None:
+    from lightning_speedups.optim.lr_curve import range_test_stop
+
+    assert range_test_stop([2.0, 1.5, 1.0], 3, 4.0) is None
+    assert range_test_stop([2.0, 1.0, 5.0], 10, 4.0).startswith("the loss diverged: 5 exceeded")
+    assert range_test_stop([2.0, 1.0, 1.1], 10, 4.0).startswith("the fit loop ended before the planned steps")
+    assert range_test_stop([2.0, 1.0, 5.0], 10, None).startswith("the fit loop ended")
+    result = LRFinderResult.from_curve([1e-3, 1e-2, 1e-1], [2.0, 1.0, 1.1], "minimum", 10, "the fit loop ended")
+    assert result.coverage_text() == ("the LR range test ran 3 of 10 steps, covering lr 0.001 to 0.1: stopped early, "
+                                      "the fit loop ended")  # fmt: skip

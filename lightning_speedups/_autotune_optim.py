@@ -1,0 +1,108 @@
+"""autotune's view of the user's optimizer: what ``configure_optimizers`` returns, and that optimizer with a kernel.
+
+The trials time the step the Trainer will run, so they build the optimizer the way a fit does: the copy of the model
+calls its own ``configure_optimizers`` (a plain LightningModule's or a SpeedupMixin's) and the first optimizer it
+returns (in any form Lightning accepts) is the trial's. The fused/foreach candidates re-create that optimizer's class
+with the same param groups and defaults plus ``fused=True`` / ``foreach=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["optimizers_of", "returns_scheduler", "trial_optimizer", "with_implementation"]
+
+_KERNEL_KEYS = ("fused", "foreach")
+
+
+def returns_scheduler(conf: Any) -> bool:
+    """Whether a ``configure_optimizers`` return value (any form Lightning accepts) holds an LR scheduler."""
+    if isinstance(conf, dict):
+        return conf.get("lr_scheduler") is not None
+    if isinstance(conf, (list, tuple)):
+        if len(conf) == 2 and isinstance(conf[0], (list, tuple)):  # ([optimizers], [schedulers])
+            return bool(conf[1])
+        return any(returns_scheduler(c) for c in conf)
+    return isinstance(conf, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau))
+
+
+def optimizers_of(conf: Any) -> list[Any]:
+    """The optimizers in a ``configure_optimizers`` return value: an optimizer, a list/tuple of them,
+    ``([optimizers], [schedulers])``, a dict with ``"optimizer"``, or a list of such dicts."""
+    if isinstance(conf, torch.optim.Optimizer):
+        return [conf]
+    if isinstance(conf, dict):
+        return optimizers_of(conf.get("optimizer"))
+    if isinstance(conf, (list, tuple)):
+        if len(conf) == 2 and isinstance(conf[0], (list, tuple)):
+            return optimizers_of(conf[0])
+        return [opt for c in conf for opt in optimizers_of(c)]
+    return []
+
+
+def _mixin_optimizer(model: nn.Module) -> torch.optim.Optimizer | None:
+    """A SpeedupMixin's optimizer from its config alone, when its ``configure_optimizers`` needs a fit (a scheduler
+    sized by the Trainer, ``lr_scaling`` without a batch size): the lr does not change a step's time."""
+    from lightning_speedups.optim import SpeedupMixin, create_optimizer
+
+    if not isinstance(model, SpeedupMixin):
+        return None
+    cfg = dataclasses.replace(model.optimizer_config, lr_scaling=None)
+    return create_optimizer(model, cfg)  # type: ignore[arg-type]
+
+
+def trial_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer | None, str | None]:
+    """``(optimizer, None)``: the first optimizer ``model.configure_optimizers()`` returns, built on ``model``'s own
+    parameters (call it on the trial's copy); ``(None, why)`` when it cannot be built outside a fit."""
+    configure = getattr(model, "configure_optimizers", None)
+    if not callable(configure):
+        return None, f"`{type(model).__name__}` has no `configure_optimizers`"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            conf = configure()
+    except Exception as err:  # e.g. it reads self.trainer, which only a fit attaches
+        try:
+            fallback = _mixin_optimizer(model)
+        except Exception:
+            fallback = None
+        if fallback is not None:
+            return fallback, None
+        return None, f"`configure_optimizers` cannot run outside a fit ({type(err).__name__}: {err})"
+    found = optimizers_of(conf)
+    if not found:
+        return None, f"`configure_optimizers` returned no optimizer ({type(conf).__name__})"
+    return found[0], None
+
+
+def _init_arguments(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls.__init__`` takes (``None``: any, it has ``**kwargs``)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def with_implementation(optimizer: torch.optim.Optimizer, implementation: str | None) -> torch.optim.Optimizer:
+    """``optimizer``'s class re-created on the same param groups and defaults with ``fused=True`` or
+    ``foreach=True``; ``optimizer`` itself when ``implementation`` is neither or the class does not accept it."""
+    if implementation not in _KERNEL_KEYS:
+        return optimizer
+    accepted = _init_arguments(type(optimizer))
+    if accepted is not None and implementation not in accepted:
+        return optimizer
+    kernel = {k: True if k == implementation else None for k in _KERNEL_KEYS if accepted is None or k in accepted}
+    # defaults the constructor derives itself (AdamW's decoupled_weight_decay) are not arguments: it sets them again
+    defaults = {k: v for k, v in optimizer.defaults.items()
+                if k not in _KERNEL_KEYS and (accepted is None or k in accepted)}  # fmt: skip
+    groups = [{k: v for k, v in g.items() if k not in _KERNEL_KEYS} for g in optimizer.param_groups]
+    try:
+        return type(optimizer)(groups, **{**defaults, **kernel})
+    except (RuntimeError, TypeError, ValueError):  # no such kernel for this class, its dtype or its device
+        return optimizer
