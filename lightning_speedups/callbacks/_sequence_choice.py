@@ -78,7 +78,8 @@ def packing_problem(pl_module: nn.Module, trainer: Any, docs: Sequence[Tensor]) 
                                                                   rtol=1e-3):
         return (
             f"`{name}` gives different outputs for a document packed beside another than for it alone: its attention "
-            "crosses documents. HINT: build the mask with `packed_attention_mask(position_ids)`"
+            "crosses documents. HINT: build the mask with `packed_attention_mask(position_ids)`; a Hugging Face model "
+            "keeps packed documents apart only without a KV cache (`model.config.use_cache = False`)"
         )
     return None
 

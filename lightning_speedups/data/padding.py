@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import default_collate
 
 from lightning_speedups._errors import SpeedupConfigError, check_int
+from lightning_speedups.data.samplers import _check_lengths
 
 __all__ = [
     "IGNORE_INDEX",
@@ -275,7 +276,9 @@ def pack_collate(
     """:func:`pack_sequences` as a ``collate_fn``: each batch of documents becomes full rows of ``block_size``.
 
     ``keys`` picks what the batch holds; the default is what a Hugging Face causal LM takes for padding-free
-    training (no ``attention_mask``: it reads the boundaries from ``position_ids``).
+    training (no ``attention_mask``: it reads the boundaries from ``position_ids``). HF does so only without a KV
+    cache: call it with ``use_cache=False`` or set ``model.config.use_cache = False``, else (the config default
+    ``True``, in train mode too) it attends across documents.
     """
     return PackCollate(block_size=block_size, pad_value=pad_value, keys=tuple(keys))
 
@@ -311,7 +314,7 @@ def sequence_lengths(dataset: Any, lengths: Sequence[int] | None = None) -> Sequ
     if lengths is None and getattr(dataset, "lengths", None) is not None:
         lengths, source = dataset.lengths, "dataset.lengths"
     if lengths is not None:
-        values = [int(n) for n in lengths]
+        values = _check_lengths(lengths).tolist()
         if len(values) != size:
             raise SpeedupConfigError(
                 f"`lengths` has {len(values)} entries but the dataset has {size} samples. Allowed values: one length "

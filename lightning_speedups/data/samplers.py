@@ -373,10 +373,10 @@ class TokenBudgetBatchSampler(_SequenceBatchSampler):
 class PackedBatchSampler(_SequenceBatchSampler):
     """Batches of documents that fill ``rows`` rows of ``block_size`` tokens once packed (see :func:`pack_sequences`).
 
-    Documents are taken in a seeded random order and added to a batch while their total length fits
-    ``rows * block_size``; a document longer than the rest of the batch starts the next batch (documents longer than
-    the whole budget are cut into rows by the collate). The packing collate then fills the rows with almost no
-    padding.
+    Each batch starts with the longest document left and adds the shortest ones while the total fits
+    ``rows * block_size`` (documents longer than the whole budget are cut into rows by the collate, which then fills
+    the rows with almost no padding). Equal lengths are taken in a seeded random order and the batches are shuffled,
+    so the number of batches depends only on the lengths: it is the same every epoch, as Lightning expects.
 
     Args:
         lengths: one length (tokens) per document.
@@ -388,7 +388,7 @@ class PackedBatchSampler(_SequenceBatchSampler):
 
         >>> sampler = PackedBatchSampler([5, 1, 4, 2, 8, 3], block_size=4, rows=2, shuffle=False)
         >>> list(sampler)
-        [[0, 1], [2, 3], [4], [5]]
+        [[4], [0, 1, 3], [2, 5]]
     """
 
     def __init__(
@@ -408,19 +408,17 @@ class PackedBatchSampler(_SequenceBatchSampler):
 
     def _global_batches(self, generator: torch.Generator) -> list[list[int]]:
         budget = self.block_size * self.rows
-        order = torch.randperm(len(self.lengths), generator=generator) if self.shuffle else torch.arange(
-            len(self.lengths)
-        )
+        order = self._order_by_length(generator).tolist()
+        sizes = {i: int(n) for i, n in zip(order, self.lengths[order].tolist())}
         batches: list[list[int]] = []
-        current: list[int] = []
-        used = 0
-        for idx, size in zip(order.tolist(), self.lengths[order].tolist()):
-            if current and used + size > budget:
-                batches.append(current)
-                current, used = [], 0
-            current.append(idx)
-            used += size
-        if current:
+        lo, hi = 0, len(order) - 1
+        while lo <= hi:  # the longest document left, then the shortest ones while they fit
+            current, used = [order[hi]], sizes[order[hi]]
+            hi -= 1
+            while lo <= hi and used + sizes[order[lo]] <= budget:
+                current.append(order[lo])
+                used += sizes[order[lo]]
+                lo += 1
             batches.append(current)
         return batches
 
