@@ -22,6 +22,7 @@ from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizin
 from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
 from lightning_speedups.callbacks.sequence_batching import SequenceBatching
+from lightning_speedups.callbacks.token_throughput import TokenThroughput
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 
 # data on the device
@@ -132,6 +133,7 @@ __all__ = [
     "LabelSmoothing",
     "ProgressiveResizing",
     "SequenceBatching",
+    "TokenThroughput",
     # data on the device
     "BatchAugment",
     "DeviceDataLoader",

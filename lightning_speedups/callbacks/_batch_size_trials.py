@@ -9,6 +9,7 @@ no-sync) are reached through :mod:`lightning_speedups._compat`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -30,14 +31,17 @@ from lightning_speedups._compat import (
     set_results_batch,
     strategy_training_step,
 )
+from lightning_speedups._tokens import TokenCount
 from lightning_speedups.functional.batch_size import (
     BatchSizeSearchConfig,
     BatchSizeSearchResult,
     BatchSizeTrial,
     MemoryMeter,
+    scale_lr_factor,
 )
 
 __all__ = [
+    "apply_lr_choice",
     "batch_size_holders",
     "dataset_len",
     "fit_loader_problem",
@@ -135,6 +139,40 @@ def scale_live_lrs(trainer: L.Trainer, factor: float) -> None:
         refresh_scheduler_last_lr(sch)
 
 
+def _mixin_lr_rule(pl_module: L.LightningModule) -> str | None:
+    cfg = getattr(pl_module, "optimizer_config", None)
+    return getattr(cfg, "lr_scaling", None)
+
+
+def apply_lr_choice(trainer: L.Trainer, pl_module: L.LightningModule, result: BatchSizeSearchResult, fresh: bool,
+                    scale_lr: str | None, current: int) -> None:
+    """Rescale the learning rates for the chosen batch size (``scale_lr``, else a SpeedupMixin's ``lr_scaling``).
+
+    ``fresh``: the search just ran (the factor is from the base size, and a mixin's ``optimizer_config.lr`` is scaled
+    too); otherwise a stored choice is re-applied: nothing on resume (the checkpoint holds scaled optimizers), else
+    from the ``current`` size.
+    """
+    rule = scale_lr or _mixin_lr_rule(pl_module)
+    cfg = getattr(pl_module, "optimizer_config", None)
+    # a mixin with its own `lr_scaling` recomputes lr from the batch size whenever it rebuilds: leave its config
+    owns_cfg = cfg is not None and hasattr(cfg, "lr") and _mixin_lr_rule(pl_module) is None
+    if fresh:
+        result.lr_factor = scale_lr_factor(result.chosen, result.base_batch_size or result.chosen, rule)
+        live = result.lr_factor
+        if owns_cfg and result.lr_factor != 1.0:
+            result.config_lr = cfg.lr * result.lr_factor
+    elif trainer.ckpt_path is not None:
+        live = 1.0  # resumed: optimizer and scheduler come back scaled from the checkpoint
+    elif owns_cfg and result.config_lr is not None:
+        live = 1.0 if cfg.lr == result.config_lr else result.lr_factor
+    else:
+        live = scale_lr_factor(result.chosen, current, rule)
+    if owns_cfg and result.config_lr is not None:
+        pl_module.optimizer_config = dataclasses.replace(cfg, lr=result.config_lr)
+    if live != 1.0:
+        scale_live_lrs(trainer, live)
+
+
 def trial_progress_bar(trainer: L.Trainer) -> Any:
     """A tqdm bar for the trials on rank 0 when the trainer shows a progress bar, else ``None``."""
     if not (trainer.is_global_zero and trainer.progress_bar_callback is not None):
@@ -154,6 +192,8 @@ def log_search(trainer: L.Trainer, result: BatchSizeSearchResult, verbose: bool)
         "batch_size_finder/samples_per_s": best.samples_per_s if best else 0.0,
         "batch_size_finder/search_time_s": result.search_time_s,
     }
+    if result.unit == "tokens":
+        metrics["batch_size_finder/tokens_per_s"] = best.rate if best else 0.0
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
 
@@ -168,8 +208,13 @@ def run_trial(
     warmup: int,
     clock: Callable[[], float] = time.perf_counter,
     start: float | None = None,
+    count_tokens: Callable[[Any], TokenCount | None] | None = None,
 ) -> BatchSizeTrial:
     """``warmup`` untimed then timed optimizer steps on ``loader`` (batches of ``size``); samples/s and peak memory.
+
+    With ``count_tokens`` (``batch -> TokenCount | None``) every timed batch's real tokens are counted (on the batch
+    as the loader yields it, after the step's clock reading); when all of them hold tokens the trial carries
+    ``tokens_per_s`` and ``step_tokens`` and the search ranks tokens/s.
 
     An out-of-memory error ends the trial as ``"oom"``; any other error propagates. Gradients are dropped afterwards.
     Under DDP every rank agrees on the result (slowest rank's fastest rate, largest peak, any OOM, rank 0's step and
@@ -180,13 +225,14 @@ def run_trial(
     device = trainer.strategy.root_device
     rates: list[float] = []
     times: list[float] = []
+    tokens: list[int] = []
     oom = False
     pl_module.train()
     meter.start()
     try:
         # no gradient all-reduce: ranks measure independently, so an OOM on one rank cannot hang the others
         with no_gradient_sync(trainer.strategy):
-            _timed_steps(trainer, pl_module, loader, config, warmup, rates, times, clock)
+            _timed_steps(trainer, pl_module, loader, config, warmup, rates, times, clock, count_tokens, tokens)
     except RuntimeError as err:
         if not is_oom(err):
             raise
@@ -197,18 +243,26 @@ def run_trial(
     peak = meter.stop()
     # the fastest timed step: interference from other processes only ever slows a step down
     rate = max(rates) if rates and not oom else 0.0
+    counted = bool(times) and len(tokens) == len(times) and all(n > 0 for n in tokens)
+    tok_rate = max(n / max(dt, 1e-9) for n, dt in zip(tokens, times)) if counted and not oom else 0.0
     elapsed = clock() - start
     if trainer.world_size > 1:  # agree per trial so every rank takes the same next step
-        stats = torch.tensor([-rate, float(peak), float(oom)], device=device, dtype=torch.float64)
+        stats = torch.tensor([-rate, float(peak), float(oom), -tok_rate, float(not counted)], device=device,
+                             dtype=torch.float64)
         stats = trainer.strategy.reduce(stats, reduce_op="max")
-        rate, peak, oom = -float(stats[0]), int(stats[1]), bool(stats[2] > 0)
-        times, elapsed = trainer.strategy.broadcast((times, elapsed), src=0)
-    return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", list(times), float(elapsed))
+        rate, peak, oom, tok_rate = -float(stats[0]), int(stats[1]), bool(stats[2] > 0), -float(stats[3])
+        counted = not bool(stats[4] > 0)
+        times, elapsed, tokens = trainer.strategy.broadcast((times, elapsed, tokens), src=0)
+    return BatchSizeTrial(size, rate, int(peak), "oom" if oom else "ok", list(times), float(elapsed),
+                          tokens_per_s=tok_rate if counted else None, step_tokens=list(tokens) if counted else [])
 
 
 def _timed_steps(trainer: L.Trainer, pl_module: L.LightningModule, loader: Iterable, cfg: BatchSizeSearchConfig,
-                 warmup: int, rates: list[float], times: list[float], clock: Callable[[], float]) -> None:
-    """``warmup`` untimed steps, then timed ones until the step, sample or time budget of a trial is spent."""
+                 warmup: int, rates: list[float], times: list[float], clock: Callable[[], float],
+                 count_tokens: Callable[[Any], TokenCount | None] | None = None,
+                 tokens: list[int] | None = None) -> None:
+    """``warmup`` untimed steps, then timed ones until the step, sample or time budget of a trial is spent; with
+    ``count_tokens``, each timed batch's real tokens go to ``tokens`` (none once a batch holds no tokens)."""
     device = trainer.strategy.root_device
     iterator = iter(loader)
     seen, spent, i = 0, 0.0, 0
@@ -237,6 +291,10 @@ def _timed_steps(trainer: L.Trainer, pl_module: L.LightningModule, loader: Itera
                 rates.append(n / max(dt, 1e-9))
                 seen += n
                 spent += dt
+                if count_tokens is not None and tokens is not None and len(tokens) == len(times) - 1:
+                    count = count_tokens(batch)  # after the clock: counting is not the step's time
+                    if count is not None:
+                        tokens.append(count.tokens)
             i += 1
     finally:
         del iterator  # shuts worker processes down before the next size starts its own

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_speedups import settings
 from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._tokens import TokenCounter
 from lightning_speedups.callbacks._advisor_measure import (
     checksum,
     fill_device_facts,
@@ -40,7 +41,8 @@ class SpeedAdvisor(Callback):
     batch (``FlopCounterMode`` on the last warm-up batch, so its overhead stays out of the timings) and utilisation
     against the device's peak (a datasheet peak on GPUs, an estimate from ISA x cores x clock on CPUs), plus
     model/optimizer checks (channels_last, fused optimizer, frozen-but-updated and never-updated parameters, loader
-    workers, batch size). Outside the window every hook returns after one comparison.
+    workers, batch size). On token sequences it also counts the padding of the timed batches (an attention mask's
+    zeros, or ``pad_value``). Outside the window every hook returns after one comparison.
 
     The report is printed on rank zero, kept as :attr:`report` (``to_dict()`` / ``to_json(path)``) and its headline
     numbers go to the trainer's loggers as ``advisor/*`` metrics.
@@ -58,6 +60,7 @@ class SpeedAdvisor(Callback):
             measured expected effect.
         thresholds: :class:`AdvisorThresholds` or a dict of its fields.
         verbose: print the text report via ``rank_zero_info``.
+        pad_value: the padding token id, for token batches without an attention mask (``None``: not used).
 
     Example::
 
@@ -78,8 +81,11 @@ class SpeedAdvisor(Callback):
         measure_effects: bool = True,
         thresholds: AdvisorThresholds | dict[str, Any] | None = None,
         verbose: bool = True,
+        pad_value: int | None = None,
     ) -> None:
         check_int("warmup_steps", warmup_steps, 1)
+        self.pad_value = check_int("pad_value", pad_value, optional=True)
+        self._counter = TokenCounter(pad_value)
         check_int("window_steps", window_steps, 1)
         hint = "not smaller than `warmup_steps`: time at least as many batches as you warm up, e.g. 5 and 20."
         check_int("window_steps", window_steps, warmup_steps, hint=hint)
@@ -199,6 +205,7 @@ class SpeedAdvisor(Callback):
                     m.backward_times.append(self._t_opt - self._t_backward)
             if self._t_opt is not None:
                 m.optimizer_times.append(t - self._t_opt)
+        self._count_tokens(batch)  # after the step's clock reading: its device sync is not step time
         if not self._cuda:
             self._rss_peak = max(self._rss_peak, process_rss())
         if self._batches >= self.warmup_steps + self.window_steps:
@@ -221,6 +228,15 @@ class SpeedAdvisor(Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if self._flop_counter is not None:  # never leave the FLOP-counting dispatch mode pushed
             self._stop_flop_count()
+
+    def _count_tokens(self, batch: Any) -> None:
+        try:
+            count = self._counter(batch)
+        except Exception:  # noqa: BLE001 - a measurement, never a reason to stop training
+            count = None
+        if count is not None:
+            self._m.tokens += count.tokens
+            self._m.padded_tokens += count.padded
 
     # ---- window start / end --------------------------------------------------------------------------------------
     def _start_flop_count(self) -> None:

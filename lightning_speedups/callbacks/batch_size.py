@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -24,9 +23,11 @@ from lightning_speedups._compat import (
     train_dataloader_built,
     tuner_exit,
 )
-from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._tokens import TokenCounter
 from lightning_speedups.callbacks._batch_size_trials import (
+    apply_lr_choice,
     batch_size_holders,
     dataset_len,
     epoch_samples,
@@ -34,7 +35,6 @@ from lightning_speedups.callbacks._batch_size_trials import (
     log_search,
     rebuild_loader,
     run_trial,
-    scale_live_lrs,
     trial_progress_bar,
 )
 from lightning_speedups.functional.batch_size import (
@@ -44,12 +44,13 @@ from lightning_speedups.functional.batch_size import (
     BatchSizeTrial,
     MemoryMeter,
     batch_size_ladder,
-    scale_lr_factor,
     search_batch_size,
     snapshot_training_state,
 )
 
-__all__ = ["ThroughputBatchSizeFinder"]
+__all__ = ["ThroughputBatchSizeFinder", "UNITS"]
+
+UNITS = ("auto", "samples")  # what the trials' rates count: real tokens on token sequences ("auto"), or samples
 
 class ThroughputBatchSizeFinder(Callback):
     """Measure samples/s per batch size at the start of ``fit`` and train with the best one.
@@ -62,7 +63,10 @@ class ThroughputBatchSizeFinder(Callback):
     climb until out-of-memory: doubling stops once samples/s stops improving by ``min_gain`` (``patience`` times in a
     row). Timing noise (other processes, loaders) cannot stop it: a stop needs paired, interleaved re-measurements of
     both sizes that clear the noise, and the fastest sizes are re-measured interleaved before the choice; the result
-    holds that evidence (``decisions``, ``final``, ``note``).
+    holds that evidence (``decisions``, ``final``, ``note``). On token sequences (a 2-D integer ``input_ids``; see
+    :func:`~lightning_speedups._tokens.count_tokens`) it measures real, non-pad tokens/s instead of samples/s: with
+    dynamic padding a larger batch pads to a longer sample, so samples/s would not count the work done. The result's
+    ``unit`` and its table say which (``"tokens"``: "measured in real (non-pad) tokens/s").
 
     Args:
         mode: ``"throughput"`` (default), ``"max_fit"`` or ``"sweep"``; see :class:`BatchSizeSearchConfig`.
@@ -83,6 +87,8 @@ class ThroughputBatchSizeFinder(Callback):
         exit_after_search: end ``fit`` right after the first search, without training (what
             :func:`lightning_speedups.tuner.find_batch_size` uses; Lightning's ``Tuner`` does the same).
         clock: seconds as a float for timing the steps (injectable, so a test can feed it noise).
+        unit: ``"auto"`` (tokens/s when the batches hold token sequences, else samples/s) or ``"samples"``.
+        pad_value: the padding token id, for token batches without an attention mask (``None``: not used).
 
     Example::
 
@@ -124,6 +130,8 @@ class ThroughputBatchSizeFinder(Callback):
         search_time: float | None = None,
         confirm_budget: float | None = 2.0,
         clock: Callable[[], float] = time.perf_counter,
+        unit: str = "auto",
+        pad_value: int | None = None,
     ) -> None:
         self.config = BatchSizeSearchConfig(
             mode=mode, init_val=init_val, max_val=max_val, steps_per_trial=steps_per_trial,
@@ -136,6 +144,8 @@ class ThroughputBatchSizeFinder(Callback):
             raise SpeedupConfigError(f"`clock`={clock!r} is invalid. Allowed values: a callable returning seconds.")
         self.clock = clock
         self.scale_lr = check_choice("scale_lr", scale_lr, LR_RULES)
+        self.unit, self.pad_value = check_choice("unit", unit, UNITS), check_int("pad_value", pad_value, optional=True)
+        self._counter = TokenCounter(pad_value) if unit == "auto" else None
         if not isinstance(keep_global_batch, (bool, int)) or (
             not isinstance(keep_global_batch, bool) and keep_global_batch < 1
         ):
@@ -311,7 +321,7 @@ class ThroughputBatchSizeFinder(Callback):
                 def on_trial(t: BatchSizeTrial) -> None:
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix(batch=t.batch_size, samples_per_s=f"{t.samples_per_s:.0f}", status=t.status)
+                        bar.set_postfix({"batch": t.batch_size, f"{t.unit}_per_s": f"{t.rate:.0f}", "status": t.status})
 
                 result = search_batch_size(
                     lambda b: self._trial(trainer, pl_module, meter, b), self.config, ladder,
@@ -349,7 +359,8 @@ class ThroughputBatchSizeFinder(Callback):
         cold = not self._warm or (trainer.strategy.root_device.type == "cuda" and size not in self._warm)
         self._warm.add(size)
         return run_trial(trainer, pl_module, meter, loader, size, self.config,
-                         warmup=self.config.warmup_steps if cold else 0, clock=self.clock, start=start)
+                         warmup=self.config.warmup_steps if cold else 0, clock=self.clock, start=start,
+                         count_tokens=self._counter)
 
     # ------------------------------------------------------------------ applying the choice
     def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule, result: BatchSizeSearchResult,
@@ -358,30 +369,7 @@ class ThroughputBatchSizeFinder(Callback):
         self._set_size(trainer, pl_module, result.chosen)
         if result.accumulate_grad_batches is not None:
             trainer.accumulate_grad_batches = result.accumulate_grad_batches
-        rule = self.scale_lr or self._mixin_rule(pl_module)
-        cfg = getattr(pl_module, "optimizer_config", None)
-        # a mixin with its own `lr_scaling` recomputes lr from the batch size whenever it rebuilds: leave its config
-        owns_cfg = cfg is not None and hasattr(cfg, "lr") and self._mixin_rule(pl_module) is None
-        if fresh:
-            result.lr_factor = scale_lr_factor(result.chosen, result.base_batch_size or result.chosen, rule)
-            live = result.lr_factor
-            if owns_cfg and result.lr_factor != 1.0:
-                result.config_lr = cfg.lr * result.lr_factor
-        elif trainer.ckpt_path is not None:
-            live = 1.0  # resumed: optimizer and scheduler come back scaled from the checkpoint
-        elif owns_cfg and result.config_lr is not None:
-            live = 1.0 if cfg.lr == result.config_lr else result.lr_factor
-        else:
-            live = scale_lr_factor(result.chosen, current, rule)
-        if owns_cfg and result.config_lr is not None:
-            pl_module.optimizer_config = dataclasses.replace(cfg, lr=result.config_lr)
-        if live != 1.0:
-            scale_live_lrs(trainer, live)
-
-    @staticmethod
-    def _mixin_rule(pl_module: L.LightningModule) -> str | None:
-        cfg = getattr(pl_module, "optimizer_config", None)
-        return getattr(cfg, "lr_scaling", None)
+        apply_lr_choice(trainer, pl_module, result, fresh, self.scale_lr, current)
 
 
 register_technique(
@@ -389,7 +377,8 @@ register_technique(
         name="batch_size_finder",
         callback=ThroughputBatchSizeFinder,
         functional=search_batch_size,
-        summary="Pick the batch size with the highest measured samples/s (stops at the plateau, not at OOM).",
+        summary="Pick the batch size with the highest measured samples/s, or real tokens/s on token sequences "
+        "(stops at the plateau, not at OOM).",
         mission_tip="7",
         bench="lightning_speedups.benchmarks.batch_size:run",
         example_kwargs=dict(init_val=16, max_val=32, steps_per_trial=1, warmup_steps=0, progress_bar=False),

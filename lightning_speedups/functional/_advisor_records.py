@@ -28,6 +28,7 @@ class AdvisorThresholds:
             on CPUs against an estimated peak).
         memory_pressure: peak memory above this fraction of the device's total is flagged.
         optimizer_share: optimizer-step share of compute above which a non-fused optimizer is flagged.
+        pad_fraction: share of padding in the training batches' token positions above which padding is flagged.
     """
 
     data_wait: float = 0.2
@@ -36,9 +37,11 @@ class AdvisorThresholds:
     low_utilisation: float = 0.3
     memory_pressure: float = 0.9
     optimizer_share: float = 0.05
+    pad_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("data_wait", "data_wait_note", "low_utilisation", "memory_pressure", "optimizer_share"):
+        for name in ("data_wait", "data_wait_note", "low_utilisation", "memory_pressure", "optimizer_share",
+                     "pad_fraction"):
             check_range(name, getattr(self, name), 0.0, 1.0)
         check_range("data_wait_note", self.data_wait_note, 0.0, self.data_wait,
                     hint=f"`data_wait_note` must not exceed `data_wait`={self.data_wait!r}.")  # fmt: skip
@@ -64,7 +67,8 @@ class Measurements:
     ``data_waits`` span the previous ``on_train_batch_end`` -> this ``on_train_batch_start`` (fetching and collating
     the batch, moving it to the device, loop overhead). Optional numbers are ``None`` when unknown. ``peak_flops``
     is a datasheet peak on GPUs and an estimate on CPUs (``peak_flops_estimated``); ``peak_flops_source`` says where
-    it comes from, or why it is unknown.
+    it comes from, or why it is unknown. ``tokens`` / ``padded_tokens`` sum the real and all token positions of the
+    timed batches (both 0 when the batches hold no token sequences).
     """
 
     device_type: str = "cpu"
@@ -102,6 +106,8 @@ class Measurements:
     trainable_params: int = 0
     compiled: bool = False
     callbacks: list[str] = field(default_factory=list)
+    tokens: int = 0
+    padded_tokens: int = 0
 
     # ---- derived numbers -------------------------------------------------------------------------------------
     @staticmethod
@@ -159,6 +165,11 @@ class Measurements:
         return None if a is None or not self.peak_flops else a / self.peak_flops
 
     @property
+    def pad_fraction(self) -> float | None:
+        """Share of the timed batches' token positions that are padding; ``None`` when they hold no tokens."""
+        return 1.0 - self.tokens / self.padded_tokens if self.padded_tokens else None
+
+    @property
     def memory_headroom(self) -> float | None:
         """Free share of device memory (CUDA) or available share of system memory (CPU)."""
         if self.memory_total_bytes:
@@ -191,6 +202,7 @@ class Measurements:
             "memory_total_bytes": self.memory_total_bytes,
             "memory_headroom": self.memory_headroom,
             "memory_kind": self.memory_kind,
+            "pad_fraction": self.pad_fraction,
         }
 
 

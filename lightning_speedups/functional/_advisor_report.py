@@ -55,6 +55,8 @@ class AdvisorReport:
                 f"  {s['flops_per_batch'] / 1e9:.3f} GFLOP per batch (fwd+bwd) -> "
                 f"{(s.get('achieved_flops') or 0) / 1e9:.1f} GFLOP/s in the step; " + _utilisation_text(s)
             )
+        if s.get("pad_fraction") is not None:
+            lines.append(f"  padding: {s['pad_fraction']:.0%} of the token positions in the timed batches")
         if s.get("peak_memory_bytes"):
             head = s.get("memory_headroom")
             kind = "GPU allocated" if s.get("memory_kind") == "cuda" else "process RSS"

@@ -35,22 +35,34 @@ from typing import Any
 from lightning_speedups.functional._batch_size_curve import CurveFit, epoch_factor, fit_curve, interpolate_per_sample
 from lightning_speedups.measure import Comparison, compare
 
-__all__ = ["CURVE_Z", "Search", "per_sample_time", "trial_cost"]
+__all__ = ["CURVE_Z", "Search", "per_sample_time", "trial_cost", "unit_step_times"]
 
 CURVE_Z = 3.0  # a verdict from the fitted curve must clear its threshold by this many standard errors
 
 
+def unit_step_times(trial: Any) -> list[float]:
+    """Each timed step's seconds per real token (when the trial counted ``step_tokens``), else per sample."""
+    tokens = getattr(trial, "step_tokens", None)
+    if tokens and len(tokens) == len(trial.step_times):
+        return [x / max(n, 1) for x, n in zip(trial.step_times, tokens)]
+    return [x / trial.batch_size for x in trial.step_times]
+
+
 def per_sample_time(trial: Any) -> float:
     """Seconds per sample of one trial: the median timed step / the batch size (``1 / samples_per_s`` without steps).
+    On token sequences (``step_tokens``) seconds per real token instead: the median of each step's time / tokens.
 
     The median, not the fastest step: sizes get different numbers of steps (large ones often one), and the fastest of
     three steps is faster than one step by noise alone, which biased the old rule toward small sizes.
     """
     if not trial.ok:
         return math.inf
+    if trial.step_times and getattr(trial, "step_tokens", None):
+        return float(statistics.median(unit_step_times(trial)))
     if trial.step_times:
         return float(statistics.median(trial.step_times)) / trial.batch_size
-    return 1.0 / trial.samples_per_s if trial.samples_per_s > 0 else math.inf
+    rate = getattr(trial, "rate", trial.samples_per_s)
+    return 1.0 / rate if rate > 0 else math.inf
 
 
 def trial_cost(trial: Any) -> float:
@@ -145,7 +157,7 @@ class Search:
         if not ok:
             return 0.0
         if not self.guarded:
-            return ok[-1].samples_per_s
+            return getattr(ok[-1], "rate", ok[-1].samples_per_s)
         return 1.0 / max(statistics.median(per_sample_time(t) for t in ok), 1e-12)
 
     def step_noise(self) -> float | None:
@@ -157,7 +169,8 @@ class Search:
         dof = 0
         for ts in self.by_size.values():
             for t in ts:
-                logs = [math.log(x) for x in t.step_times if x > 0]
+                steps = unit_step_times(t) if getattr(t, "step_tokens", None) else t.step_times
+                logs = [math.log(x) for x in steps if x > 0]
                 if len(logs) > 1:
                     mean = sum(logs) / len(logs)
                     devs += [x - mean for x in logs]
@@ -172,7 +185,7 @@ class Search:
         guarded against; ``None`` without enough sizes or a noise estimate."""
         if not self.guarded:
             return None
-        samples = {b: [x / b for t in ts if t.ok for x in t.step_times] for b, ts in self.by_size.items()}
+        samples = {b: [x for t in ts if t.ok for x in unit_step_times(t)] for b, ts in self.by_size.items()}
         return fit_curve(samples, self.step_noise())
 
     def shortcut_noise(self, curve: CurveFit | None) -> float | None:

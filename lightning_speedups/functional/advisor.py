@@ -22,7 +22,10 @@ import torch
 from torch import nn
 
 from lightning_speedups._measure_ratio import MeasuredRatio, measured_ratio
-from lightning_speedups.functional import _advisor_rules_threads  # noqa: F401  (registers its rule after _advisor_rules)
+from lightning_speedups.functional import (  # importing them registers their rules, after _advisor_rules'
+    _advisor_rules_sequences,  # noqa: F401  (padding)
+    _advisor_rules_threads,  # noqa: F401  (CPU threads)
+)
 from lightning_speedups.functional._advisor_records import (
     SEVERITIES,
     AdvisorThresholds,

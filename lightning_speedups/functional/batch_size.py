@@ -1,5 +1,8 @@
 """Throughput batch-size search (mission tip 7): the policy, its records and the state it must put back.
 
+The records (:class:`BatchSizeTrial`, :class:`BatchSizeSearchResult`) live in ``_batch_size_records.py`` and are
+re-exported here. On token sequences the trials carry real (non-pad) tokens and the search ranks tokens/s.
+
 The search itself knows nothing about Lightning: :func:`search_batch_size` walks a ladder of batch sizes, asks a
 ``measure(batch_size)`` callable for one :class:`BatchSizeTrial` per size, and stops on a throughput plateau, an
 out-of-memory error, the memory budget or the end of the ladder. The
@@ -11,11 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
 from lightning_speedups.functional._batch_size_policy import Search
+from lightning_speedups.functional._batch_size_records import BatchSizeSearchResult, BatchSizeTrial
 from lightning_speedups.functional._batch_size_state import MemoryMeter, snapshot_training_state
 
 __all__ = [
@@ -139,89 +142,6 @@ class BatchSizeSearchConfig:
             "memory_budget", self.memory_budget, 0.0, 1.0, low_inclusive=False,
             hint="it is a fraction of device (or available system) memory, e.g. 0.9.",
         )
-
-
-@dataclass
-class BatchSizeTrial:
-    """One measured batch size: samples/s (of its fastest timed step), peak memory in bytes, and what happened.
-
-    ``step_times`` are the timed steps (seconds) the noise-aware rules decide on; ``elapsed_s`` is the whole trial's
-    wall time (loader, warm-up and steps), what the time budgets count.
-    """
-
-    batch_size: int
-    samples_per_s: float = 0.0
-    peak_memory: int = 0
-    status: str = "ok"  # "ok" | "oom" | "over_budget"
-    step_times: list[float] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-@dataclass
-class BatchSizeSearchResult:
-    """What the search chose and why: ``chosen``, the ``trials`` table, ``stop_reason`` and the time it took.
-
-    The evidence: ``decisions`` (each noisy stop-or-go verdict of the ladder: sizes, median ratio, interval, rounds),
-    ``final`` (the interleaved re-measurement of the fastest sizes: median samples/s, spread, ratios with intervals,
-    rounds, whether they separated), ``remeasured`` (those extra trials), a ``note`` and ``trusted`` (``False``
-    when too few rounds fitted, so the smaller size was kept with a warning).
-    """
-
-    chosen: int
-    mode: str
-    trials: list[BatchSizeTrial]
-    stop_reason: str
-    search_time_s: float = 0.0
-    base_batch_size: int | None = None
-    memory_budget_bytes: int | None = None
-    lr_factor: float = 1.0
-    config_lr: float | None = None
-    accumulate_grad_batches: int | None = None
-    epoch: int = 0
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-    final: dict[str, Any] = field(default_factory=dict)
-    remeasured: list[BatchSizeTrial] = field(default_factory=list)
-    note: str = ""
-    trusted: bool = True
-
-    def trial(self, batch_size: int) -> BatchSizeTrial | None:
-        """The (last) trial of one batch size, if it was measured."""
-        found = [t for t in self.trials if t.batch_size == batch_size]
-        return found[-1] if found else None
-
-    def table(self) -> str:
-        """The trial table as aligned text, chosen size marked with ``*``."""
-        lines = [f"{'batch':>7} {'samples/s':>11} {'peak MiB':>9}  status", "-" * 38]
-        for t in sorted(self.trials, key=lambda t: t.batch_size):
-            mark = "*" if t.batch_size == self.chosen else " "
-            lines.append(f"{t.batch_size:>6}{mark} {t.samples_per_s:>11.1f} {t.peak_memory / 2**20:>9.1f}  {t.status}")
-        lines.append(f"chosen {self.chosen} ({self.mode}); stopped: {self.stop_reason}; {self.search_time_s:.2f} s")
-        if self.final:
-            medians = ", ".join(f"{b}: {r:.1f}" for b, r in self.final["median_samples_per_s"].items())
-            if self.final.get("by") == "curve fit":
-                lines.append(f"no re-measurement: the fitted step-cost curve ranked the sizes (predicted samples/s "
-                             f"{medians})")
-            else:
-                lines.append(f"re-measured {self.final['rounds']} interleaved rounds (median samples/s {medians}; "
-                             f"{'separated' if self.final['separated'] else 'within noise'})")
-        if self.note:
-            lines.append(self.note)
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain python (checkpoint-safe, ``weights_only=True`` loadable)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BatchSizeSearchResult:
-        data = dict(data)
-        data["trials"] = [BatchSizeTrial(**t) for t in data.get("trials", [])]
-        data["remeasured"] = [BatchSizeTrial(**t) for t in data.get("remeasured", [])]
-        return cls(**data)
 
 
 def batch_size_ladder(init_val: int, cap: int, allowed: Callable[[int], bool] | None = None) -> list[int]:

@@ -302,3 +302,45 @@ def test_advisor_applies_fewer_cpu_threads_when_measured_faster(monkeypatch):
         assert any("torch.set_num_threads(2)" in a for a in d["applied"])
     finally:
         torch.set_num_threads(before)
+
+
+class _TokenLM(L.LightningModule):
+    """Embedding + linear head over dict batches of token ids (what pad_collate builds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(32, 8), nn.Linear(8, 32)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        logits = self.head(self.emb(batch["input_ids"]))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_advisor_counts_padding_of_token_batches():
+    from lightning_speedups.data import pad_collate
+
+    # lengths 2 and 8 in every batch: 10 real tokens in 16 positions, 37.5% padding
+    samples = [{"input_ids": torch.arange(1, 3 if i % 2 == 0 else 9)} for i in range(16)]
+    for s in samples:
+        s["labels"] = s["input_ids"].clone()
+    loader = DataLoader(samples, batch_size=2, collate_fn=pad_collate(multiple_of=1))
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=3, measure_effects=False, verbose=False)
+    quiet_trainer(max_steps=4, callbacks=[advisor]).fit(_TokenLM(), train_dataloaders=loader)
+    report = advisor.report
+    assert report is not None and report.summary["pad_fraction"] == pytest.approx(6 / 16)
+    finding = next(f for f in report.findings if f.key == "padding")
+    assert "38% of the training batches' token positions are padding" in finding.title
+    assert finding.evidence["tokens"] == 3 * 10 and finding.evidence["padded_tokens"] == 3 * 16
+    # image batches: nothing counted, no padding finding
+    images = SpeedAdvisor(warmup_steps=1, window_steps=2, measure_effects=False, verbose=False)
+    _fit(images, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=3)
+    assert images.report.summary["pad_fraction"] is None
+    assert "padding" not in [f.key for f in images.report.findings]
+
+
+def test_advisor_pad_value_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match="`pad_value`='0' is out of range. Allowed values: an integer or None"):
+        SpeedAdvisor(pad_value="0")  # type: ignore[arg-type]

@@ -309,3 +309,67 @@ def test_batch_size_ddp_ranks_agree(tmp_path):
     for rec in records:
         assert rec["chosen"] == 32 and rec["dm"] == 32
         assert rec["trials"] == [[16, "ok"], [32, "ok"], [64, "oom"]]
+
+
+class _TokenLM(L.LightningModule):
+    """Embedding + linear head over dict batches of token ids (what pad_collate builds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        logits = self.head(self.emb(batch["input_ids"]))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _token_loader() -> DataLoader:
+    from lightning_speedups.data import pad_collate
+
+    samples = [{"input_ids": torch.arange(1, 2 + i % 7)} for i in range(64)]
+    for s in samples:
+        s["labels"] = s["input_ids"].clone()
+    return DataLoader(samples, batch_size=4, collate_fn=pad_collate(multiple_of=1))
+
+
+def test_batch_size_measures_tokens_per_s_on_token_data():
+    logged: list[dict[str, float]] = []
+
+    class Memory(L.pytorch.loggers.Logger):
+        name, version = "memory", 0
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            logged.append(dict(metrics))
+
+        def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    cb = finder(init_val=4, max_val=16, mode="sweep")
+    quiet_trainer(max_steps=1, callbacks=[cb], logger=Memory()).fit(_TokenLM(), train_dataloaders=_token_loader())
+    result = cb.result
+    assert result is not None and result.unit == "tokens"
+    for t in result.trials:  # real tokens of each timed step: the samples' lengths (1..7), not the padded length
+        assert t.unit == "tokens" and len(t.step_tokens) == len(t.step_times) == 1
+        assert t.batch_size <= t.step_tokens[0] <= 7 * t.batch_size
+        assert t.tokens_per_s == pytest.approx(t.step_tokens[0] / t.step_times[0])
+    assert "tokens/s" in result.table() and "measured in real (non-pad) tokens/s" in result.table()
+    metrics = {k: v for d in logged for k, v in d.items()}
+    assert metrics["batch_size_finder/tokens_per_s"] == pytest.approx(result.trial(result.chosen).tokens_per_s)
+    # unit="samples" keeps samples/s on the same data; image data stays in samples/s under "auto"
+    plain = finder(init_val=4, max_val=8, mode="sweep", unit="samples")
+    quiet_trainer(max_steps=1, callbacks=[plain]).fit(_TokenLM(), train_dataloaders=_token_loader())
+    assert plain.result.unit == "samples" and all(t.tokens_per_s is None for t in plain.result.trials)
+    images = finder(init_val=8, max_val=16, mode="sweep")
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[images])
+    trainer.fit(DemoClassifier(width=8), datamodule=Digits())
+    assert images.result.unit == "samples" and all(not t.step_tokens for t in images.result.trials)
+
+
+def test_batch_size_unit_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match="`unit`='tokens' is not supported. Allowed values: 'auto', 'samples'"):
+        ThroughputBatchSizeFinder(unit="tokens")
+    with pytest.raises(SpeedupConfigError, match="`pad_value`=1.5 is out of range. Allowed values: an integer or None"):
+        ThroughputBatchSizeFinder(pad_value=1.5)  # type: ignore[arg-type]
