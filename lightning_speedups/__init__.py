@@ -22,11 +22,10 @@ from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizin
 from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
 from lightning_speedups.callbacks.sequence_batching import SequenceBatching
-from lightning_speedups.callbacks.token_throughput import TokenThroughput
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
+from lightning_speedups.callbacks.token_throughput import TokenThroughput
 
-# data on the device
-# token sequences: length-aware batches, dynamic padding, packing
+# data: on the device (images), and token sequences (length-aware batches, dynamic padding, packing)
 from lightning_speedups.data import (
     BatchAugment,
     DeviceDataLoader,
