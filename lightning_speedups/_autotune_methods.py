@@ -1,8 +1,12 @@
 """autotune's time-to-accuracy methods: changes that need fewer steps, not faster ones.
 
 A few timed steps cannot measure how many epochs a run needs, so these are not trials. A method enters autotune's
-default plan only when the end-to-end bench (``lightning-speedups bench --only recipes``) showed it reaching the
-target sooner on both of its tasks; its per-step cost *is* measured here, on a copy of the model, and reported.
+default plan only for the model kinds (:func:`~lightning_speedups._autotune_kinds.model_kind`) where the end-to-end
+bench (``lightning-speedups bench --only recipes``) showed it reaching the target sooner
+(:data:`~lightning_speedups._autotune_kinds.EVIDENCE`): today image CNNs (``"conv"``) only, the kind of both bench
+tasks. For other kinds :func:`plan_methods` leaves it out of the default plan with one note; named in ``methods``, it
+is added, and its note says that no evidence covers this model. Its per-step cost *is* measured here, on a copy of
+the model, and reported.
 
 ``ema``: :class:`~lightning_speedups.callbacks.ema.EMA` (Lightning's ``EMAWeightAveraging``), decay 0.99 with the
 warm-up decay, validated and checkpointed with the averaged weights. On the bench's plain baseline (constant Adam
@@ -34,6 +38,7 @@ import torch
 from lightning.pytorch.callbacks import LearningRateFinder, StochasticWeightAveraging
 from torch import nn
 
+from lightning_speedups._autotune_kinds import evidence_text, proven_kinds
 from lightning_speedups._autotune_optim import optimizers_of, returns_scheduler
 from lightning_speedups._autotune_trials import Choice, _detached_copy
 from lightning_speedups._errors import SpeedupConfigError
@@ -43,16 +48,11 @@ from lightning_speedups.functional.ema import create_ema_model
 from lightning_speedups.optim import SpeedupMixin
 
 __all__ = ["EMA_DECAY", "METHODS", "SCHEDULE_PEAK", "check_methods", "ema_blocker", "ema_choice", "method_callbacks",
-           "schedule_blocker", "schedule_choice", "schedule_warmup"]
+           "plan_methods", "schedule_blocker", "schedule_choice", "schedule_warmup"]
 
 METHODS = ("ema", "schedule")
 EMA_DECAY = 0.99
 SCHEDULE_PEAK = 3.0
-_EVIDENCE = ("on the bench's plain baseline it reached the target in [3, 4, 3, 3] instead of [6, 6, 7, 5] half "
-             "epochs (digits) and [2, 2, 2] instead of [3, 5, 4] (shapes)")
-_SCHEDULE_EVIDENCE = ("on the bench's baseline with the EMA (10 seeds) the median quarter epochs to the target fell "
-                      "from 7 to 6 on digits and from 4 to 3 on shapes with the data on the device (no change with "
-                      "the shapes DataLoader)")
 
 
 def check_methods(methods: Sequence[str] | None) -> list[str]:
@@ -68,6 +68,24 @@ def check_methods(methods: Sequence[str] | None) -> list[str]:
         raise SpeedupConfigError(f"`methods` has unknown names {unknown!r}. Allowed values: {list(METHODS)!r} "
                                  "(or [] for none).")
     return names
+
+
+def plan_methods(methods: Sequence[str] | None, kind: str) -> tuple[list[str], str | None]:
+    """The methods to add for a ``kind`` model and the note on those left out: the names given, all of them (the user
+    asked); by default (``None``) only those with evidence for ``kind``, the rest left out with one note."""
+    names = check_methods(methods)
+    if methods is not None:
+        return names, None
+    kept = [m for m in names if kind in proven_kinds(m)]
+    left = [m for m in names if m not in kept]
+    if not left:
+        return kept, None
+    kinds = sorted({k for m in left for k in proven_kinds(m)})
+    them = "them" if len(left) > 1 else "it"
+    note = (f"{', '.join(left)} not added: no evidence for this model kind ({kind}); the bench showed {them} reaching "
+            f"the target sooner for {', '.join(kinds) or 'no'} models only, and a few trial steps cannot time a gain "
+            f"in epochs. HINT: pass `methods={left!r}` to add {them} anyway.")
+    return kept, note
 
 
 def ema_blocker(trainer_kwargs: dict[str, Any]) -> str | None:
@@ -87,9 +105,10 @@ def ema_blocker(trainer_kwargs: dict[str, Any]) -> str | None:
 
 
 def ema_choice(model: nn.Module, device: torch.device, step_s: float, trainer_kwargs: dict[str, Any],
-               clock: Callable[[], float]) -> tuple[Choice | None, str | None]:
+               clock: Callable[[], float], kind: str) -> tuple[Choice | None, str | None]:
     """The EMA as a plan choice, with its update's cost measured on a copy of ``model`` relative to one training
-    step (``step_s``); ``(None, note)`` when :func:`ema_blocker` refuses it."""
+    step (``step_s``); ``(None, note)`` when :func:`ema_blocker` refuses it. The note quotes the evidence for a
+    ``kind`` model (:func:`~lightning_speedups._autotune_kinds.evidence_text`)."""
     why = ema_blocker(trainer_kwargs)
     if why is not None:
         return None, f"ema not added: {why}"
@@ -106,9 +125,15 @@ def ema_choice(model: nn.Module, device: torch.device, step_s: float, trainer_kw
     cost = statistics.median(times[1:]) / max(step_s, 1e-12)
     gain = 1.0 / (1.0 + cost)  # per step it only costs; the gain is in the epochs, which a trial cannot time
     note = (f"EMA of the weights (decay {EMA_DECAY}, warm-up), a time-to-accuracy method: not timed for accuracy "
-            f"here, {_EVIDENCE}; its update costs {cost:.1%} of a training step. Validation and checkpoints use the "
-            "average. Pass `methods=[]` to leave it out.")
+            f"here; {_why('ema', kind)}; its update costs {cost:.1%} of a training step. Validation and checkpoints "
+            "use the average. Pass `methods=[]` to leave it out.")
     return Choice("ema", EMA_DECAY, [None, EMA_DECAY], gain, (gain, gain), len(times) - 1, note), None
+
+
+def _why(method: str, kind: str) -> str:
+    """The evidence for ``method`` on a ``kind`` model, or that it was added only because ``methods`` named it."""
+    text = evidence_text(method, kind)
+    return text if kind in proven_kinds(method) else f"{text}: added because `methods` names it"
 
 
 _ADAM_TYPE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax)
@@ -159,7 +184,7 @@ def schedule_warmup(loader_steps: int | None, planned_steps: int) -> float:
     return min(0.05, 0.25 * loader_steps / max(planned_steps, 1))
 
 
-def schedule_choice(model: nn.Module, trainer_kwargs: dict[str, Any]) -> tuple[Choice | None, str | None]:
+def schedule_choice(model: nn.Module, trainer_kwargs: dict[str, Any], kind: str) -> tuple[Choice | None, str | None]:
     """The schedule as a plan choice; ``(None, note)`` when :func:`schedule_blocker` refuses it. It costs nothing per
     step (one ``LambdaLR`` step), so nothing is timed: its evidence is the bench's."""
     why = schedule_blocker(model, trainer_kwargs)
@@ -167,7 +192,7 @@ def schedule_choice(model: nn.Module, trainer_kwargs: dict[str, Any]) -> tuple[C
         return None, f"schedule not added: {why}"
     note = (f"a schedule for time to target (FastSchedule: warm-up of a quarter epoch, at most 5% of the run, to "
             f"{SCHEDULE_PEAK:g}x the optimizer's lr, then linear decay to the end of the planned run): not timed for "
-            f"accuracy here, {_SCHEDULE_EVIDENCE}. Pass `methods=['ema']` to keep your learning rate.")
+            f"accuracy here; {_why('schedule', kind)}. Pass `methods=['ema']` to keep your learning rate.")
     return Choice("schedule", SCHEDULE_PEAK, [None, SCHEDULE_PEAK], 1.0, (1.0, 1.0), 0, note), None
 
 

@@ -2,7 +2,10 @@
 
 A trial gets the current plan (what earlier trials kept) and returns a :class:`Choice`: the option it keeps and the
 evidence. Trials never touch the user's model, optimizer or dataloaders: they time training steps of deep copies
-on a copy of the first training batch. New candidates register with :func:`register_candidate`.
+on a copy of the first training batch. New candidates register with :func:`register_candidate`, with the least
+one decision of theirs takes (in steps of the current plan: the budget tries a candidate only when that much is left)
+and their place in the order. Comparisons run :func:`~lightning_speedups.measure.compare` from 3 rounds on, after one
+untimed call of each option that is not already warm, and stop as soon as the result is settled.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from lightning_speedups._inputs import flat_tensors
 from lightning_speedups.functional.channels_last import to_channels_last
 from lightning_speedups.measure import Comparison, compare, interleaved_timings, median
 
-__all__ = ["CANDIDATES", "Choice", "TrialContext", "register_candidate"]
+__all__ = ["APPLIES", "CANDIDATES", "COMPARISON_STEPS", "MIN_ROUNDS", "PRICES", "Choice", "TrialContext",
+           "register_candidate"]
 
 
 @dataclass
@@ -44,11 +48,22 @@ class Choice:
                 "interval": list(self.interval), "trials": self.trials, "note": self.note}  # fmt: skip
 
 
+# A comparison stops as soon as its interval clears (or misses) the margin, after at least MIN_ROUNDS rounds: a 2x
+# effect separates in 3 (below 8 rounds the interval is the range of the per-round ratios, so all 3 must clear the
+# margin: a candidate no faster than the plan does so with a chance of at most 1 in 8, and far less unless the noise
+# is as large as the margin). Its admission price is the least it can take: the candidate's warm-up call and
+# MIN_ROUNDS rounds of the (already warm) plan and the candidate, each priced at the plan's step: 1 + 2 * MIN_ROUNDS.
+MIN_ROUNDS = 3
+COMPARISON_STEPS = 1 + 2 * MIN_ROUNDS
+
+
 @dataclass
 class TrialContext:
     """What every trial sees: the user's model (read only), a batch, the plan so far, the budget."""
 
     model: nn.Module
+    # the user's first training batch: every step-time trial times it, including after the batching trial kept
+    # length-aware batches (whose batches are shorter): acceptable for now, since a ratio on one batch carries over
     batch: Any
     device: torch.device
     planned_steps: int
@@ -60,16 +75,48 @@ class TrialContext:
     loader: Any = None  # the user's training loader (iterated in trials with the RNG forked, never changed)
     datamodule: Any = None
     own_loader: bool = False  # the loader is the model's own train_dataloader(), not one the user passed
+    step_s: float = 0.0  # the current plan's step (seconds): what comparisons are priced in
+    warm: tuple[Any, Callable[[], None] | None] = (None, None)  # (plan, its step) already called: no warm-up needed
 
     def budget_left(self) -> float:
         return self.deadline - self.clock()
 
+    def price(self, name: str) -> float:
+        """Seconds one decision of candidate ``name`` takes at least (:data:`PRICES` steps of the plan's step)."""
+        steps = PRICES.get(name, COMPARISON_STEPS)
+        return (steps(self) if callable(steps) else steps) * self.step_s
+
+    def step(self, plan: Mapping[str, Any], steps: int = 1) -> Callable[[], None]:
+        """:func:`make_step` on this context: a warm one when ``plan`` is the one :meth:`remember` kept."""
+        if steps == 1 and self.warm[1] is not None and _same_plan(self.warm[0], plan):
+            return self.warm[1]
+        return make_step(self, plan, steps)
+
+    def remember(self, plan: Mapping[str, Any], step: Callable[[], None], seconds: float) -> None:
+        """``step`` (already called) runs ``plan``, in ``seconds``: later comparisons reuse it and are priced by it."""
+        self.warm, self.step_s = (dict(plan), step), seconds
+
     def compare(self, fns: Mapping[str, Callable[[], Any]], baseline: str, share: float,
                 min_gain: float | None = None) -> Comparison:
-        """``measure.compare`` within ``share`` of the remaining budget (``min_gain``: default ``margin``)."""
+        """``measure.compare`` within ``share`` of the remaining budget (``min_gain``: default ``margin``), after one
+        untimed call of each function that :meth:`step` did not hand out warm."""
         budget = max(self.budget_left() * share, 1e-3)
+        t0 = self.clock()
+        for fn in fns.values():
+            if fn is not self.warm[1]:
+                fn()  # first-call costs (lazy init, allocator), untimed
+        budget = max(budget - (self.clock() - t0), 1e-3)
         gain = self.margin if min_gain is None else min_gain
-        return compare(fns, baseline, min_gain=gain, budget_s=budget, min_rounds=5, warmup=1, clock=self.clock)
+        return compare(fns, baseline, min_gain=gain, budget_s=budget, min_rounds=MIN_ROUNDS, warmup=0,
+                       clock=self.clock)
+
+
+_STEP_KEYS = ("precision", "channels_last", "implementation", "batch_scale", "optimizer_only")  # what make_step reads
+
+
+def _same_plan(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
+    """Whether ``a`` and ``b`` run the same training step (the data path, the methods and the rest aside)."""
+    return a is not None and all(a.get(k, _DEFAULTS.get(k)) == b.get(k, _DEFAULTS.get(k)) for k in _STEP_KEYS)
 
 
 def _loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -167,11 +214,12 @@ def _detached_copy(module: nn.Module) -> nn.Module:
 def _decide(ctx: TrialContext, name: str, options: Mapping[str, dict[str, Any]], share: float) -> Choice:
     """Time the plan with each option (the current plan is the baseline) and keep the winner in ``ctx.plan``."""
     current = "current"
-    fns = {current: make_step(ctx, ctx.plan), **{k: make_step(ctx, {**ctx.plan, **v}) for k, v in options.items()}}
+    fns = {current: ctx.step(ctx.plan), **{k: make_step(ctx, {**ctx.plan, **v}) for k, v in options.items()}}
     result = ctx.compare(fns, current, share)
     chosen = result.winner
     if chosen != current:
         ctx.plan.update(options[chosen])
+    ctx.remember(ctx.plan, fns[chosen], result.medians[chosen])
     value = {k: ctx.plan.get(k, _DEFAULTS.get(k)) for k in next(iter(options.values()))}
     lo, mid, hi = result.ratios.get(chosen, (1.0, 1.0, 1.0))
     note = result.note or (f"{chosen} {mid:.2f}x faster" if chosen != current else "no option beat the plan")
@@ -179,7 +227,8 @@ def _decide(ctx: TrialContext, name: str, options: Mapping[str, dict[str, Any]],
                   (lo, hi), result.trials, note)  # fmt: skip
 
 
-_DEFAULTS: dict[str, Any] = {"precision": "32-true", "channels_last": False, "implementation": "for_loop"}
+_DEFAULTS: dict[str, Any] = {"precision": "32-true", "channels_last": False, "implementation": "for_loop",
+                             "batch_scale": 1, "optimizer_only": False}
 
 
 def _precision(ctx: TrialContext, share: float) -> Choice | None:
@@ -217,14 +266,14 @@ def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
     # small for the margin even at zero cost (a small CNN's Adam: about 2% of a step), the comparison, which would need
     # many rounds to separate a 2% gain from the 5% margin, is not run
     fns = {"full": make_step(ctx, ctx.plan), "alone": make_step(ctx, {**ctx.plan, "optimizer_only": True})}
-    times = interleaved_timings(fns, repeats=5, warmup=1, sync=False, clock=ctx.clock)  # make_step syncs CUDA itself
+    times = interleaved_timings(fns, repeats=MIN_ROUNDS, warmup=1, sync=False, clock=ctx.clock)  # make_step syncs CUDA
     part = median(times["alone"]) / max(median(times["full"]), 1e-12)
     bound = 1.0 / (1.0 - part) if part < 1.0 else float("inf")
     current = ctx.plan.get("implementation", _DEFAULTS["implementation"])
     if bound < 1.0 + ctx.margin:
         note = (f"fused/foreach not tried: the optimizer step is {part:.1%} of a training step, so even a free one "
                 f"would be at most {bound:.3f}x faster, below the {ctx.margin:.0%} margin")  # fmt: skip
-        return Choice("optimizer", current, ["current", "foreach", "fused"], 1.0, (1.0, 1.0), 5, note)
+        return Choice("optimizer", current, ["current", "foreach", "fused"], 1.0, (1.0, 1.0), MIN_ROUNDS, note)
     options = {"foreach": {"implementation": "foreach"}, "fused": {"implementation": "fused"}}
     return _decide(ctx, "optimizer", options, share)
 
@@ -257,13 +306,22 @@ def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
     if why is not None:  # a doubled batch that apply() could not set must not be kept (nor scale the schedule's lr)
         ctx.notes.append(f"batch_size not tried: {why}")
         return None
-    # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won
+    # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won.
+    # x2 gets half the share (at least its price), x4 what is left of it (at least its price: its steps cost twice)
     scale, rounds, gain, interval, stopped = 1, 0, 1.0, (1.0, 1.0), ""
     need = (1.0 + ctx.margin) * BATCH_DOUBLING_COST
+    allowance, spent_from = ctx.budget_left() * share, ctx.clock()
     for trial in (2, 4):
+        price = ctx.price("batch_size") * (trial // 2)
+        budget = max(allowance / 2, price) if trial == 2 else allowance - (ctx.clock() - spent_from)
+        if budget < price:
+            stopped = (f"x{trial} vs x{trial // 2} not tried: {max(budget, 0.0):.2f}s of its trial share left, below "
+                       f"the {price:.2f}s one comparison needs")
+            break
+        larger = {**ctx.plan, "batch_scale": trial}
         fns = {"smaller": make_step(ctx, {**ctx.plan, "batch_scale": trial // 2}, steps=2),
-               "larger": make_step(ctx, {**ctx.plan, "batch_scale": trial}, steps=1)}  # fmt: skip
-        result = ctx.compare(fns, "smaller", share / 2, min_gain=need - 1.0)
+               "larger": make_step(ctx, larger, steps=1)}  # fmt: skip
+        result = ctx.compare(fns, "smaller", min(1.0, budget / max(ctx.budget_left(), 1e-12)), min_gain=need - 1.0)
         rounds += result.trials
         if result.winner != "larger":
             measured = result.ratios.get("larger")
@@ -275,110 +333,51 @@ def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
             break
         lo, mid, hi = result.ratios["larger"]  # x4 is x2 times x4-over-x2: the gains and their bounds multiply
         scale, gain, interval = trial, gain * mid, (interval[0] * lo, interval[1] * hi)
+        ctx.remember(larger, fns["larger"], result.medians["larger"])
     ctx.plan["batch_scale"] = scale
     kept = f"batch x{scale}: {gain:.2f}x the samples/s" if scale > 1 else "batch size kept"
     note = kept + (f" ({stopped})" if stopped and scale > 1 else f": {stopped}" if stopped else "")
     return Choice("batch_size", scale, [1, 2, 4], gain, interval, rounds, note)
 
 
-def _compile(ctx: TrialContext, share: float) -> Choice | None:
-    budget = ctx.budget_left() * share
-    if budget < 30.0:  # inductor takes tens of seconds on a small CPU: not worth trying inside a small budget
-        ctx.notes.append(f"compile not tried: {budget:.0f}s of trial budget left; compiling takes tens of seconds")
-        return None
-    eager = make_step(ctx, ctx.plan)
-    t0 = ctx.clock()
-    model = _detached_copy(ctx.model).to(ctx.device)
-    compiled_ctx = TrialContext(torch.compile(model), ctx.batch, ctx.device, ctx.planned_steps, ctx.margin,
-                                ctx.deadline, ctx.plan, ctx.clock)  # fmt: skip
-    compiled = make_step(compiled_ctx, ctx.plan)
-    compiled()  # the compile happens here
-    compile_s = ctx.clock() - t0
-    result = ctx.compare({"eager": eager, "compiled": compiled}, "eager", share)
-    saved = (result.medians["eager"] - result.medians["compiled"]) * ctx.planned_steps
-    keep = result.winner == "compiled" and saved > compile_s
-    ctx.plan["compile"] = keep
-    lo, mid, hi = result.ratios["compiled"]
-    note = (f"compile {compile_s:.0f}s, saves {saved:.0f}s over {ctx.planned_steps} steps"
-            + ("" if keep else ": not paid back"))  # fmt: skip
-    return Choice("compile", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
-
-
-def _device_twin(ctx: TrialContext) -> tuple[str, Any] | None:
-    """``(kind, twin)``: a device-resident twin of the training data (kind ``"datamodule"`` or ``"loader"``), the
-    pair the plan keeps as ``_replacement``; ``None`` when no twin can keep the user's transforms."""
-    from torch.utils.data import TensorDataset
-
-    from lightning_speedups.data import DeviceDataLoader
-
-    dm = ctx.datamodule
-    if dm is not None and all(hasattr(dm, a) for a in ("train_images", "train_labels", "transforms")):
-        from lightning_speedups.recipes import device_datamodule
-
-        twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)))
-        return "datamodule", twin  # the demo protocol: its transforms become a BatchAugment on the device
-    dataset = getattr(ctx.loader, "dataset", None)
-    if type(dataset) is TensorDataset:  # no per-sample transform to lose
-        loader = DeviceDataLoader(*dataset.tensors, batch_size=ctx.loader.batch_size, shuffle=True, device=ctx.device)
-        return "loader", loader
-    return None
-
-
-def _data(ctx: TrialContext, share: float) -> Choice | None:
-    if ctx.loader is None:
-        return None
-    twin = _device_twin(ctx)
-    if twin is None:
-        ctx.notes.append("data path not tried: the loader has per-sample transforms that no device twin reproduces")
-        return None
-    kind, replacement = twin
-    step = make_step(ctx, ctx.plan)  # the step as the earlier trials left the plan: data's share of the final step
-    scale = int(ctx.plan.get("batch_scale", 1))
-
-    def loop(loader: Any) -> Callable[[], None]:
-        state: dict[str, Any] = {"it": None}
-
-        def fetch_and_step() -> None:  # the batches of one step fetched (a fresh pass when exhausted), one step
-            with torch.random.fork_rng(devices=[]):
-                for _ in range(scale):  # a step at batch_scale k takes k of the loader's batches
-                    if state["it"] is None:
-                        state["it"] = iter(loader)
-                    try:
-                        next(state["it"])
-                    except StopIteration:
-                        state["it"] = iter(loader)
-                        next(state["it"])
-            step()
-
-        return fetch_and_step
-
-    if kind == "datamodule":
-        replacement.trainer = None
-        twin_loader = replacement.train_dataloader()
-    else:
-        twin_loader = replacement
-    result = ctx.compare({"current": loop(ctx.loader), "device": loop(twin_loader)}, "current", share)
-    keep = result.winner == "device"
-    ctx.plan["device_data"] = keep
-    if keep:
-        ctx.plan["_replacement"] = twin
-    lo, mid, hi = result.ratios["device"]
-    note = result.note or (f"data on the device: {mid:.2f}x per step" if keep else "the loader is not the bottleneck")
-    return Choice("data", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note)
-
-
-# the order matters, since a small budget goes to the first ones: precision first (the largest effect on CPUs with
-# bf16 units and on GPUs), then channels_last, then the data path, after the step-time choices that change its share
-# (the faster the step, the larger the loader's share: measured before bf16, a per-sample loader that cost 1.2x per
-# step in the bf16 fit showed 1.04-1.11x), compile last
+# the order matters, since a small budget goes to the first ones: batching first for token data (it changes which
+# batches the run trains on; _autotune_batching.py registers it), then precision (the largest effect on CPUs with bf16
+# units and on GPUs), then channels_last, then the data path (_autotune_data.py), after the step-time choices that
+# change its share (the faster the step, the larger the loader's share: measured before bf16, a per-sample loader that
+# cost 1.2x per step in the bf16 fit showed 1.04-1.11x), compile last (_autotune_compile.py)
 CANDIDATES: dict[str, Callable[[TrialContext, float], Choice | None]] = {}
+# the least one decision of each candidate takes, in steps of the current plan (default: COMPARISON_STEPS), or a
+# function of the context that says so (0: the trial only notes why it has nothing to time)
+PRICES: dict[str, float | Callable[[TrialContext], float]] = {}
+# whether a candidate has anything to try for this model and data (absent: always); one that has not is skipped
+# silently, before its price is weighed against the budget
+APPLIES: dict[str, Callable[[TrialContext], bool]] = {}
 
 
-def register_candidate(name: str, trial: Callable[[TrialContext, float], Choice | None]) -> None:
-    """Add a candidate ``trial(ctx, budget_share) -> Choice | None`` (``None``: not applicable, with a note)."""
-    CANDIDATES[name] = trial
+def register_candidate(name: str, trial: Callable[[TrialContext, float], Choice | None], *,
+                       steps: float | Callable[[TrialContext], float] = COMPARISON_STEPS, before: str | None = None,
+                       applies: Callable[[TrialContext], bool] | None = None) -> None:
+    """Add a candidate ``trial(ctx, budget_share) -> Choice | None`` (``None``: not applicable, with a note).
+
+    ``steps``: the least one decision takes, in steps of the current plan (or ``steps(ctx)``); autotune tries the
+    candidate only when that much of the budget is left. ``before``: the name of a registered candidate to measure
+    it before (default: last). ``applies(ctx)``: ``False`` when there is nothing to try for this data, and nothing
+    to say either (token batching for image data)."""
+    items = [(k, v) for k, v in CANDIDATES.items() if k != name]
+    at = next((i for i, (k, _v) in enumerate(items) if k == before), len(items))
+    items.insert(at, (name, trial))
+    CANDIDATES.clear()
+    CANDIDATES.update(items)
+    PRICES[name] = steps
+    if applies is not None:
+        APPLIES[name] = applies
 
 
-for _name, _trial in (("precision", _precision), ("channels_last", _channels_last), ("data", _data),
-                      ("batch_size", _batch_size), ("optimizer", _optimizer), ("compile", _compile)):  # fmt: skip
-    register_candidate(_name, _trial)
+for _name, _trial, _steps in (
+    ("precision", _precision, COMPARISON_STEPS),
+    ("channels_last", _channels_last, COMPARISON_STEPS),
+    # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round
+    ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS),
+    ("optimizer", _optimizer, COMPARISON_STEPS),  # the least: the check of the optimizer's share of a step
+):
+    register_candidate(_name, _trial, steps=_steps)

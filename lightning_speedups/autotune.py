@@ -3,19 +3,30 @@
 Where a recipe encodes choices that were right on the machine it was tuned on, ``autotune`` measures each one on the
 user's model, data and hardware: every candidate runs a few training steps of a copy of the model, timed
 interleaved against the current plan (:func:`~lightning_speedups.measure.compare`), and is kept only when it beats
-the plan by ``margin`` beyond noise. Candidates (in order): precision, channels_last, the data path
-(device-resident data vs the DataLoader), batch size (with LR scaling; a doubled batch must raise samples/s by 1.5x
-and the margin, because it needed 1.5x the samples to the target on the bench tasks), the fused/foreach optimizer
-(compared only where the optimizer step is a large enough share of a training step to pay the margin even at zero
-cost, and only for a :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can
-set: a plain module's ``configure_optimizers`` is its own code, so the plan notes where to pass ``fused=True``
-instead of rewriting it) and ``torch.compile`` (kept only where its measured compile time is paid back within the
-planned run). The trials take at most 5% of the planned run, or ``budget_s``. Plans are cached on disk (plain
-JSON, keyed by machine and model signature), so a second run skips the trials.
+the plan by ``margin`` beyond noise. Candidates (in order): length-aware batching for token data (``"batching"``:
+the epoch's training steps estimated with the user's loader and with length-grouped and token-budget batches, the
+winner kept as a :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching`; skipped silently for
+other data), precision, channels_last, the data path (device-resident data vs the DataLoader), batch size (with LR
+scaling; a doubled batch must raise samples/s by 1.5x and the margin, because it needed 1.5x the samples to the
+target on the bench tasks), the fused/foreach optimizer (compared only where the optimizer step is a large enough
+share of a training step to pay the margin even at zero cost, and only for a
+:class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can set: a plain module's
+``configure_optimizers`` is its own code, so the plan notes where to pass ``fused=True`` instead of rewriting it) and
+``torch.compile`` (kept only where its measured compile time is paid back within the planned run).
+
+The trials take at most 5% of the planned run, or ``budget_s``, counted from the three steps that size it. A
+comparison is admitted when what is left covers the least it can take (the candidate's warm-up and 3 rounds of it
+and the plan: ``(1 + 2 x 3)`` steps of the current plan; the first one reuses the warm sizing copy as its baseline)
+and stops as soon as its interval clears or misses the margin, so a 2x effect on a run of minutes is measured
+within 5% of it. What the budget could not fit is named in one note, with what was left, what one comparison needs
+and the ``budget_s`` that would fit it. Plans are cached on disk (plain JSON, keyed by machine, model signature and
+options), so a second run skips the trials.
 
 Beyond faster steps, the plan adds time-to-accuracy ``methods`` (the EMA of the weights and a schedule for time to
-target) that reached the target sooner on both end-to-end bench tasks; a few steps cannot time their benefit, so
-their evidence is the bench's and only their per-step cost is measured here (``methods=[]`` leaves them out).
+target) for the model kinds where they reached the target sooner on the end-to-end bench: image CNNs only, today
+(:mod:`lightning_speedups._autotune_kinds`). A transformer, recurrent or MLP model gets neither by default, with a
+note; ``methods=["ema"]`` still adds one. A few steps cannot time their benefit, so their evidence is the bench's and
+only their per-step cost is measured here (``methods=[]`` leaves them out).
 
 Example::
 
@@ -41,11 +52,16 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+import lightning_speedups._autotune_batching  # noqa: F401  (registers the "batching" candidate)
+import lightning_speedups._autotune_compile  # noqa: F401  (registers the "compile" candidate)
+from lightning_speedups._autotune_budget import budget_note, run_candidates, size_step
 from lightning_speedups._autotune_cache import PlanCache, plan_key
+from lightning_speedups._autotune_data import device_twin
+from lightning_speedups._autotune_kinds import model_kind
 from lightning_speedups._autotune_methods import (
-    check_methods,
     ema_choice,
     method_callbacks,
+    plan_methods,
     schedule_choice,
     schedule_warmup,
 )
@@ -205,22 +221,33 @@ def autotune(
         candidates: a subset of :func:`list_candidates` (default: all). A candidate the plan could not apply to
             this model and data is not tried, with a note: the batch size for a loader that cannot be rebuilt
             (custom sampler or batch_sampler, IterableDataset) or data with no ``batch_size`` to set; the fused /
-            foreach kernel for a module that is not a :class:`SpeedupMixin`.
-        methods: time-to-accuracy methods to add (default: all, ``["ema", "schedule"]``; ``[]`` for none). They
-            need fewer steps rather than faster ones, so a trial cannot time their benefit: each is in the default
-            plan because it reached the target sooner on both end-to-end bench tasks (see
-            :mod:`lightning_speedups._autotune_methods`), and its per-step cost is measured and reported. ``"ema"``
-            adds :class:`~lightning_speedups.callbacks.ema.EMA` (decay 0.99 with warm-up): validation and checkpoints
-            then use the averaged weights. It is left out, with a note, when ``trainer_kwargs`` already has an
-            averaging callback or a sharded strategy. ``"schedule"`` adds
-            :class:`~lightning_speedups.callbacks.fast_schedule.FastSchedule` on the model's optimizer: a warm-up of a
-            quarter epoch (at most 5% of the run) to 3x its lr, then a linear decay to the end of the planned run
-            (a plain module's peak also follows a batch the plan enlarged, by the square-root rule). It is left out,
-            with a note, when ``configure_optimizers`` returns a scheduler (or cannot be called outside a fit), under
-            manual optimization, without ``max_epochs``/``max_steps``, or when a callback already sets the lr.
-        budget_s: trial time; default 5% of the planned run (estimated from a first timed step, without data
-            time). Candidates are tried in order, each with an even share of what is left but at least one
-            comparison; once what is left cannot fit one comparison, the rest are not tried (with a note).
+            foreach kernel for a module that is not a :class:`SpeedupMixin`; the batching for token data in a
+            loader SequenceBatching cannot rebuild. ``"batching"`` is skipped without a note for data that holds
+            no token tensors; for token data it estimates an epoch's training steps with the user's loader and
+            with length-grouped and token-budget batches, and keeps the fastest by ``margin`` as a
+            :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching` callback.
+        methods: time-to-accuracy methods to add (``["ema", "schedule"]``; ``[]`` for none). They need fewer steps
+            rather than faster ones, so a trial cannot time their benefit. By default (``None``) a method is added
+            only for the model kinds where the bench showed it reaching the target sooner
+            (:mod:`lightning_speedups._autotune_kinds`: today image CNNs, ``"conv"``); for a transformer,
+            recurrent or MLP model both are left out with one note. Named here, a method is added whatever the
+            kind, and its note says which evidence applies to this model. Its per-step cost is measured and
+            reported. ``"ema"`` adds :class:`~lightning_speedups.callbacks.ema.EMA` (decay 0.99 with warm-up):
+            validation and checkpoints then use the averaged weights. It is left out, with a note, when
+            ``trainer_kwargs`` already has an averaging callback or a sharded strategy. ``"schedule"`` adds
+            :class:`~lightning_speedups.callbacks.fast_schedule.FastSchedule` on the model's optimizer: a warm-up
+            of a quarter epoch (at most 5% of the run) to 3x its lr, then a linear decay to the end of the planned
+            run (a plain module's peak also follows a batch the plan enlarged, by the square-root rule). It is left
+            out, with a note, when ``configure_optimizers`` returns a scheduler (or cannot be called outside a
+            fit), under manual optimization, without ``max_epochs``/``max_steps``, or when a callback already sets
+            the lr.
+        budget_s: trial time, counted from before the sizing steps (one untimed and three timed steps of the
+            unchanged model); default 5% of the planned run, estimated from the median sizing step, without data
+            time. Candidates are tried in order, each only when what is left covers the least one decision of it
+            takes (a plain comparison: the candidate's warm-up and 3 rounds of it and the plan, 7 steps), with an
+            even share of what is left but at least that; a comparison stops as soon as its interval clears or
+            misses ``margin``. One note names the candidates that did not fit, what was left and what they need,
+            and the ``budget_s`` that would fit the cheapest; it opens with "nothing measured" when nothing was.
         margin: a candidate must beat the current plan by this fraction beyond noise.
         cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``).
         no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
@@ -231,14 +258,12 @@ def autotune(
     Raises:
         SpeedupConfigError: an unknown candidate or method, ``budget_s`` <= 0, ``margin`` < 0, no training data.
     """
-    names = list(CANDIDATES) if candidates is None else list(candidates)
-    unknown = [n for n in names if n not in CANDIDATES]
-    if unknown:
-        raise SpeedupConfigError(f"`candidates` has unknown names {unknown!r}. Allowed values: {list(CANDIDATES)!r}.")
-    method_names = check_methods(methods)
+    names = _check_candidates(candidates)
     if budget_s is not None:
         check_range("budget_s", budget_s, 0.0, None, low_inclusive=False, hint="seconds of trials, e.g. 30")
     check_range("margin", margin, 0.0, None)
+    kind = model_kind(model)
+    method_names, methods_note = plan_methods(methods, kind)
     dm = datamodule_or_loaders if isinstance(datamodule_or_loaders, L.LightningDataModule) else None
     loaders = None if dm is not None else datamodule_or_loaders
     loader = _train_loader(model, dm, loaders)
@@ -248,87 +273,26 @@ def autotune(
     shapes = [list(t.shape) for t in flat_tensors(batch)]
     shape = _run_shape(loader, steps, shapes)
     key = plan_key(model, shapes, {"candidates": names, "methods": method_names, "margin": margin, "no_bf16": no_bf16,
-                                   "device": str(device)})
+                                   "device": str(device), "kind": kind})  # fmt: skip
     store = PlanCache(cache_dir) if cache else None
+    ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
+                       clock=clock, loader=loader, datamodule=dm, own_loader=loaders is None and dm is None)
     cached = store.get(key) if store is not None else None
     if cached is not None:
-        settings = dict(cached["settings"])
-        missing = ""
-        if settings.get("device_data"):
-            from lightning_speedups._autotune_trials import _device_twin
-
-            ctx0 = TrialContext(model, batch, device, steps, margin, 0.0, {}, clock, loader=loader, datamodule=dm)
-            twin = _device_twin(ctx0)
-            if twin is not None:
-                settings["_replacement"] = twin
-            else:
-                settings["device_data"] = False
-                missing = "the cached plan keeps the data on the device, but this data has no device twin: not applied"
-        plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, model, shape, checked=False)
-        plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
-        if missing:
-            plan.notes.append(missing)
-        return plan
+        return _cached_plan(cached, ctx, key, trainer_kwargs, shape)
     start = clock()
-    own = dm is None and loaders is None  # the model's own train_dataloader()
-    ctx = TrialContext(model, batch, device, steps, margin, deadline=float("inf"), plan={"precision": "32-true"},
-                       clock=clock, loader=loader, datamodule=dm, own_loader=own)  # fmt: skip
     ctx.plan["no_bf16"] = no_bf16
-    from lightning_speedups._autotune_trials import make_step
-
-    one = make_step(ctx, ctx.plan)
-    one()  # untimed: first-call costs
-    times = []
-    for _ in range(3):  # the median of three: one slow step on a busy machine must not size the budget
-        t0 = clock()
-        one()
-        times.append(clock() - t0)
-    step_s = sorted(times)[1]
-    budget_given = budget_s
-    if budget_s is None:  # 5% of the planned run, from the median step of the unchanged model (data time not counted)
-        budget_s = 0.05 * steps * step_s
-    ctx.deadline = start + budget_s
-    # one comparison needs about (warm-up + 5 rounds) x 2 options of a step: below that a trial only spends time
-    need_s = 2 * (1 + 5) * step_s
-    choices: list[Choice] = []
-    too_small: list[str] = []
-    left_at_skip = 0.0
-    for i, name in enumerate(names):
-        left = ctx.budget_left()
-        if left < need_s and name != "compile":  # compile explains its own threshold
-            if not too_small:  # the budget only shrinks: what was left when the first one did not fit
-                left_at_skip = left
-            too_small.append(name)
-            continue
-        # an even share of what is left, but at least one comparison: a small budget goes to the candidates in order
-        # (the largest effects first) instead of being split into shares too small for any of them
-        share = max(1.0 / (len(names) - i), min(1.0, need_s / max(left, 1e-12)))
-        choice = CANDIDATES[name](ctx, share)
-        if choice is not None:
-            choices.append(choice)
-    if too_small:
-        ctx.notes.insert(
-            0,
-            f"{', '.join(too_small)} not tried: what was left of the trial budget ({max(left_at_skip, 0.0):.2f}s of "
-            f"{budget_s:.2f}s"
-            + (f", 5% of a planned run of about {steps * step_s:.1f}s" if budget_given is None else "")
-            + f") is below the {need_s:.2f}s one comparison needs. HINT: pass a larger `budget_s`; the plan is "
-            "cached, so later runs skip the trials.",
-        )
-    if "ema" in method_names:
-        choice, note = ema_choice(model, device, step_s, trainer_kwargs, clock)
-        if choice is not None:
-            choices.append(choice)
-            ctx.plan["ema"] = choice.chosen
-        else:
-            ctx.notes.append(str(note))
-    if "schedule" in method_names:
-        choice, note = schedule_choice(model, trainer_kwargs)
-        if choice is not None:
-            choices.append(choice)
-            ctx.plan["schedule"] = choice.chosen
-        else:
-            ctx.notes.append(str(note))
+    step_s = size_step(ctx)
+    # 5% of the planned run, from the median step of the unchanged model (data time not counted)
+    budget = 0.05 * steps * step_s if budget_s is None else budget_s
+    ctx.deadline = start + budget
+    choices, skipped = run_candidates(ctx, names)
+    if skipped:
+        planned_run_s = steps * step_s if budget_s is None else None
+        ctx.notes.insert(0, budget_note(skipped, budget, planned_run_s, measured=bool(choices)))
+    if methods_note:
+        ctx.notes.append(methods_note)
+    choices += _method_choices(ctx, method_names, step_s, trainer_kwargs, kind)
     settings = {k: v for k, v in ctx.plan.items() if k != "no_bf16"}
     plan = _build(settings, choices, trainer_kwargs, model, shape, checked=True)
     plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
@@ -337,6 +301,52 @@ def autotune(
         store.put(key, {"settings": plain, "choices": [c.as_dict() for c in choices], "notes": ctx.notes})
     rank_zero_info(plan.to_text())
     return plan
+
+
+def _check_candidates(candidates: Sequence[str] | None) -> list[str]:
+    names = list(CANDIDATES) if candidates is None else list(candidates)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise SpeedupConfigError(f"`candidates` has unknown names {unknown!r}. Allowed values: {list(CANDIDATES)!r}.")
+    return names
+
+
+def _cached_plan(cached: dict[str, Any], ctx: TrialContext, key: str, trainer_kwargs: dict[str, Any],
+                 shape: tuple[float, int | None]) -> TunePlan:
+    """The plan the cache holds, rebuilt for this run: its callbacks, and the device twin of the data it kept."""
+    settings = dict(cached["settings"])
+    missing = ""
+    if settings.get("device_data"):
+        twin = device_twin(ctx)
+        if twin is not None:
+            settings["_replacement"] = twin
+        else:
+            settings["device_data"] = False
+            missing = "the cached plan keeps the data on the device, but this data has no device twin: not applied"
+    plan = _build(settings, [Choice(**c) for c in cached["choices"]], trainer_kwargs, ctx.model, shape,
+                  checked=False)  # fmt: skip
+    plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
+    if missing:
+        plan.notes.append(missing)
+    return plan
+
+
+def _method_choices(ctx: TrialContext, names: list[str], step_s: float, trainer_kwargs: dict[str, Any],
+                    kind: str) -> list[Choice]:
+    """The methods' choices (each with its evidence for a ``kind`` model), recorded in ``ctx.plan``; a method the
+    run cannot take is left out with its note."""
+    made: list[Choice] = []
+    for name in names:
+        if name == "ema":
+            choice, note = ema_choice(ctx.model, ctx.device, step_s, trainer_kwargs, ctx.clock, kind)
+        else:
+            choice, note = schedule_choice(ctx.model, trainer_kwargs, kind)
+        if choice is None:
+            ctx.notes.append(str(note))
+            continue
+        made.append(choice)
+        ctx.plan[name] = choice.chosen
+    return made
 
 
 def _run_shape(loader: Any, steps: int, shapes: list[list[int]]) -> tuple[float, int | None]:
@@ -353,6 +363,10 @@ def _run_shape(loader: Any, steps: int, shapes: list[list[int]]) -> tuple[float,
 def _build(settings: dict[str, Any], choices: list[Choice], trainer_kwargs: dict[str, Any], model: Any,
            shape: tuple[float, int | None], checked: bool) -> TunePlan:
     callbacks: list[L.Callback] = []
+    if settings.get("batching"):  # first: it swaps the loader at the fit's start, before anything reads its length
+        from lightning_speedups.callbacks.sequence_batching import SequenceBatching
+
+        callbacks.append(SequenceBatching(strategy=settings["batching"]))
     if settings.get("channels_last"):
         from lightning_speedups.callbacks.channels_last import ChannelsLast
 

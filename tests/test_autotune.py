@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -82,7 +83,9 @@ def test_autotune_keeps_only_measured_gains(monkeypatch):
     assert gains["precision"] == pytest.approx(2.0, rel=0.15) and gains["batch_size"] == pytest.approx(2.0, rel=0.15)
     notes = {c.name: c.note for c in plan.choices}
     assert notes["batch_size"].startswith("batch x2: ") and "(x4 vs x2: " in notes["batch_size"]  # why not x4
-    assert "x4 vs x2: 1.00x the samples/s, below the 1.58x needed" in notes["batch_size"]
+    # x4 is no faster per sample than x2 (the fake cost): within the +-10% jitter of 1.00x after the 3 rounds that
+    # settle it (the number moved from exactly 1.00x when every comparison ran at least 5 rounds)
+    assert re.search(r"x4 vs x2: (0\.9\d|1\.0\d)x the samples/s, below the 1\.58x needed", notes["batch_size"])
     note = notes["channels_last"]  # 1% faster: below the 5% margin
     assert "within noise" in note or "no option beat the plan" in note
     model = DemoClassifier(width=4)
@@ -99,7 +102,8 @@ def test_a_larger_batch_must_pay_for_its_extra_epochs(monkeypatch, x2, kept):
     (choice,) = plan.choices
     assert choice.chosen == kept and plan.settings["batch_scale"] == kept
     if kept == 1:
-        assert choice.note.startswith("batch size kept: x2 vs x1: 1.3")
+        # 1.33x with +-10% jitter, settled in 3 rounds (it read 1.3x at the 5 rounds every comparison used to run)
+        assert re.match(r"batch size kept: x2 vs x1: 1\.[23]\dx", choice.note)
         assert "below the 1.58x needed: a doubled batch needed 1.5x the samples to reach the target" in choice.note
 
 
@@ -189,17 +193,18 @@ def test_autotune_bad_input():
         autotune(DemoClassifier(width=4), _loader(), budget_s=0)
     with pytest.raises(SpeedupConfigError, match="`budget_s`=-1 is out of range"):
         autotune(DemoClassifier(width=4), _loader(), budget_s=-1)
-    assert list_candidates() == ["precision", "channels_last", "data", "batch_size", "optimizer", "compile"]
+    assert list_candidates() == ["batching", "precision", "channels_last", "data", "batch_size", "optimizer",
+                                 "compile"]
 
 
 def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monkeypatch):
-    # a planned run of 2 steps x 1 s: 5% is 0.1 s, less than one comparison (about 12 steps): nothing is tried, the
+    # a planned run of 2 steps x 1 s: 5% is 0.1 s, less than one comparison (7 steps): nothing is tried, the
     # note says why, and the trials cost only the 4 steps that sized the budget (no floor beyond the 5%)
     machine = FakeMachine({"bf16-mixed": 0.5})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], max_epochs=1)
     assert plan.choices == [] and machine.calls == 4
     assert plan.trial_s == pytest.approx(4.0, rel=0.15)
-    assert "precision, channels_last not tried" in plan.notes[0]
+    assert plan.notes[0].startswith("nothing measured: ") and "precision, channels_last not tried" in plan.notes[0]
     assert "5% of a planned run of about 2.0s" in plan.notes[0] and "HINT: pass a larger `budget_s`" in plan.notes[0]
     # the same run with a budget that fits: both are measured
     machine = FakeMachine({"bf16-mixed": 0.5})
@@ -262,11 +267,14 @@ def test_the_optimizer_kernel_is_tried_only_where_its_share_of_the_step_could_pa
     plan = _fake_tune(monkeypatch, machine, ["optimizer"], budget_s=2000.0, max_epochs=1)
     (choice,) = plan.choices
     if tried:
-        assert choice.chosen == "fused" and choice.trials >= 5
+        assert choice.chosen == "fused" and choice.trials >= 3  # the least a comparison runs (5 before)
     else:
         assert choice.chosen == "for_loop" and choice.gain == 1.0
-        assert choice.note.startswith("fused/foreach not tried: the optimizer step is 2.0% of a training step")
-        assert "at most 1.02" in choice.note and "below the 5% margin" in choice.note
+        # 2% with +-10% jitter, the median of 3 timed rounds (5 before the comparisons were priced at 3 rounds)
+        assert re.match(r"fused/foreach not tried: the optimizer step is (1\.[89]|2\.[0-2])% of a training step",
+                        choice.note)  # fmt: skip
+        assert "at most 1.02" in choice.note or "at most 1.01" in choice.note
+        assert "below the 5% margin" in choice.note
 
 
 def test_the_optimizer_only_step_leaves_the_users_model_untouched():

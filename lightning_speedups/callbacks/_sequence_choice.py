@@ -4,12 +4,16 @@
   by signature, then by running the model on two documents packed into one row and on each alone.
 - :func:`estimate_epoch_seconds`: the training step timed on a few batches of a batching's epoch (its shortest,
   middle and longest), a line through time against padded tokens, summed over the epoch's batches.
+- :func:`estimate_batchings`: those estimates for the user's own loader and for length-grouped and token-budget
+  batches of its dataset, without a Trainer (what ``SequenceBatching("auto")`` weighs, packing aside; autotune's
+  ``"batching"`` candidate calls it), with :func:`batching_sampler` building each batching's sampler.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -18,10 +22,30 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
 
-from lightning_speedups.data.padding import pack_sequences
+from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.data.padding import pack_sequences, pad_collate
+from lightning_speedups.data.samplers import (
+    LengthGroupedSampler,
+    PackedBatchSampler,
+    TokenBudgetBatchSampler,
+    _SequenceBatchSampler,
+)
 
-__all__ = ["batch_tokens", "estimate_epoch_seconds", "packing_problem", "training_copy"]
+__all__ = [
+    "batch_tokens",
+    "batching_sampler",
+    "check_sequence_loader",
+    "estimate_batchings",
+    "estimate_epoch_seconds",
+    "loader_epoch_seconds",
+    "packing_problem",
+    "padded_tokens",
+    "sampler_epoch_seconds",
+    "training_copy",
+]
 
 
 def training_copy(pl_module: nn.Module, trainer: Any) -> nn.Module:
@@ -140,3 +164,128 @@ def estimate_epoch_seconds(
     else:
         slope, intercept = 0.0, float(y.mean())
     return len(epoch_batches) * intercept + slope * float(sum(padded_tokens))
+
+
+def batching_sampler(
+    strategy: str,
+    lengths: Sequence[int],
+    batch_size: int,
+    *,
+    max_tokens: int | None = None,
+    block_size: int | None = None,
+    rows: int | None = None,
+    multiple_of: int = 8,
+    drop_last: bool = False,
+    shuffle: bool = True,
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> _SequenceBatchSampler:
+    """The batch sampler of a ``SequenceBatching`` strategy, with its defaults.
+
+    ``"length_grouped"``: ``batch_size`` samples of similar length. ``"token_budget"``: ``max_tokens`` padded tokens,
+    by default the real tokens of ``batch_size`` mean-length samples (and room for the longest one). ``"packed"``:
+    ``rows`` rows of ``block_size``, by default the real tokens of ``batch_size`` mean-length samples in rows. The
+    defaults keep the tokens per optimizer step of the user's batches, so their learning rate still fits.
+    """
+    mean = sum(lengths) / len(lengths)
+    common: dict[str, Any] = {"shuffle": shuffle, "seed": seed, "rank": rank, "world_size": world_size}
+    if strategy == "length_grouped":
+        return LengthGroupedSampler(lengths, batch_size, drop_last=drop_last, **common)
+    if strategy == "token_budget":
+        if max_tokens is None:
+            longest = math.ceil(max(lengths) / multiple_of) * multiple_of
+            max_tokens = max(longest, math.ceil(batch_size * mean))
+        return TokenBudgetBatchSampler(lengths, max_tokens, multiple_of=multiple_of, **common)
+    if strategy == "packed" and block_size is not None:
+        return PackedBatchSampler(lengths, block_size, rows or max(1, round(batch_size * mean / block_size)), **common)
+    raise SpeedupConfigError(
+        f"`strategy`={strategy!r} (block_size={block_size!r}) has no sampler. Allowed values: 'length_grouped', "
+        "'token_budget', or 'packed' with a block_size."
+    )
+
+
+def padded_tokens(lengths: Sequence[int], batch: Sequence[int], multiple_of: int, block_size: int | None) -> int:
+    """Tokens a batch occupies once collated: padded to its longest sample, or (packed) whole rows."""
+    if block_size is not None:
+        return math.ceil(sum(lengths[i] for i in batch) / block_size) * block_size
+    return math.ceil(max(lengths[i] for i in batch) / multiple_of) * multiple_of * len(batch)
+
+
+def loader_epoch_seconds(model: nn.Module, device: torch.device, loader: Any, probes: int = 3) -> float:
+    """Estimated seconds of training steps for one epoch of ``loader`` as it is, from its first ``probes`` batches."""
+    it = iter(loader)
+    first = [next(it) for _ in range(min(probes, len(loader)))]
+    per_batch = estimate_epoch_seconds(model, device, [[i] for i in range(len(first))], lambda i: first[i[0]],
+                                       [batch_tokens(b) for b in first], probes=len(first)) / len(first)
+    return per_batch * len(loader)
+
+
+def sampler_epoch_seconds(
+    model: nn.Module,
+    device: torch.device,
+    dataset: Any,
+    sampler: _SequenceBatchSampler,
+    collate: Callable[[list[Any]], Any],
+    *,
+    multiple_of: int = 8,
+    block_size: int | None = None,
+    probes: int = 3,
+) -> float:
+    """Estimated seconds of training steps for one epoch of ``sampler``'s batches of ``dataset``, collated."""
+    lengths = sampler.lengths.tolist()
+    batches = sampler.batches()
+    padded = [padded_tokens(lengths, b, multiple_of, block_size) for b in batches]
+    return estimate_epoch_seconds(model, device, batches, lambda idx: collate([dataset[i] for i in idx]), padded,
+                                  probes)
+
+
+def estimate_batchings(
+    model: nn.Module,
+    device: torch.device,
+    loader: Any,
+    lengths: Sequence[int],
+    strategies: Sequence[str] = ("length_grouped", "token_budget"),
+    *,
+    pad_value: int = 0,
+    multiple_of: int = 8,
+    probes: int = 3,
+) -> dict[str, float]:
+    """Estimated seconds of training steps per epoch: ``"original"`` (``loader`` as it is) and each of ``strategies``
+    (:func:`batching_sampler` on one rank with :func:`pad_collate`), on ``model`` (a training copy) on ``device``.
+
+    Example::
+
+        >>> estimate_batchings(copy_of_model, torch.device("cpu"), loader, lengths)  # doctest: +SKIP
+        {'original': 2.1, 'length_grouped': 1.2, 'token_budget': 1.1}
+    """
+    estimates = {"original": loader_epoch_seconds(model, device, loader, probes)}
+    collate = pad_collate(pad_value, multiple_of)
+    for name in strategies:
+        sampler = batching_sampler(name, lengths, int(loader.batch_size), multiple_of=multiple_of,
+                                   drop_last=bool(loader.drop_last), rank=0, world_size=1)
+        estimates[name] = sampler_epoch_seconds(model, device, loader.dataset, sampler, collate,
+                                                multiple_of=multiple_of, probes=probes)
+    return estimates
+
+
+def check_sequence_loader(loader: Any) -> DataLoader:
+    """The user's train loader, if it is a plain DataLoader over a map-style dataset that can be re-batched."""
+    if not isinstance(loader, DataLoader):
+        raise SpeedupConfigError(
+            f"`train_dataloaders` is a {type(loader).__name__}. Allowed values: a torch DataLoader over a map-style "
+            "dataset of token samples. HINT: use either SequenceBatching or your own sequence sampler, not both."
+        )
+    if isinstance(loader.dataset, IterableDataset):
+        raise SpeedupConfigError(
+            "`train_dataloaders` reads an IterableDataset, whose samples cannot be grouped by length. Allowed values: "
+            "a DataLoader over a map-style dataset."
+        )
+    custom_batches = type(loader.batch_sampler) not in (BatchSampler, type(None))
+    if custom_batches or not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
+        custom = loader.batch_sampler if custom_batches else loader.sampler
+        raise SpeedupConfigError(
+            f"`train_dataloaders` has a custom sampler ({type(custom).__name__}) that SequenceBatching would "
+            "replace. Allowed values: a DataLoader with shuffle=True/False and no custom sampler or batch_sampler."
+        )
+    return loader

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_speedups._compat import (
@@ -23,18 +20,15 @@ from lightning_speedups._compat import (
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._sequence_choice import (
-    batch_tokens,
-    estimate_epoch_seconds,
+    batching_sampler,
+    check_sequence_loader,
+    loader_epoch_seconds,
     packing_problem,
+    sampler_epoch_seconds,
     training_copy,
 )
 from lightning_speedups.data.padding import pack_collate, pad_collate, sequence_lengths, token_tensor
-from lightning_speedups.data.samplers import (
-    LengthGroupedSampler,
-    PackedBatchSampler,
-    TokenBudgetBatchSampler,
-    _SequenceBatchSampler,
-)
+from lightning_speedups.data.samplers import _SequenceBatchSampler
 from lightning_speedups.data.sequence_loader import SequenceLoader
 
 __all__ = ["STRATEGIES", "SequenceBatching"]
@@ -132,7 +126,12 @@ class SequenceBatching(Callback):
         if stage != "fit":
             return
         loader = fit_source_dataloader(trainer)
-        self._source = _check_loader(loader)
+        if isinstance(loader, SequenceLoader):
+            raise SpeedupConfigError(
+                "`train_dataloaders` is a SequenceLoader already. Allowed values: a plain DataLoader. HINT: use either "
+                "SequenceBatching or your own sequence sampler, not both."
+            )
+        self._source = check_sequence_loader(loader)
         dataset = self._source.dataset
         token_tensor(dataset[0])  # image or other non-token data raises here, naming what it found
         found = sequence_lengths(dataset, self._given_lengths)
@@ -156,24 +155,12 @@ class SequenceBatching(Callback):
                     "'token_budget', 'auto'."
                 )
 
-    def _mean_length(self) -> float:
-        return sum(self.lengths) / len(self.lengths)
-
     def _sampler(self, strategy: str) -> _SequenceBatchSampler:
-        common: dict[str, Any] = {"shuffle": self.shuffle, "seed": self.seed}
-        if strategy == "length_grouped":
-            return LengthGroupedSampler(self.lengths, self._batch or 1, drop_last=bool(self._source and
-                                                                                       self._source.drop_last),
-                                        **common)
-        if strategy == "token_budget":
-            budget = self.max_tokens
-            if budget is None:  # the real tokens per step of the user's batches, and room for the longest sample
-                longest = math.ceil(max(self.lengths) / self.multiple_of) * self.multiple_of
-                budget = max(longest, math.ceil((self._batch or 1) * self._mean_length()))
-            return TokenBudgetBatchSampler(self.lengths, budget, multiple_of=self.multiple_of, **common)
-        assert self.block_size is not None
-        rows = self.rows or max(1, round((self._batch or 1) * self._mean_length() / self.block_size))
-        return PackedBatchSampler(self.lengths, self.block_size, rows, **common)
+        return batching_sampler(
+            strategy, self.lengths, self._batch or 1, max_tokens=self.max_tokens, block_size=self.block_size,
+            rows=self.rows, multiple_of=self.multiple_of, drop_last=bool(self._source and self._source.drop_last),
+            shuffle=self.shuffle, seed=self.seed,
+        )
 
     def _collate(self, strategy: str) -> Callable[[list[Any]], Any]:
         if strategy == "packed":
@@ -225,36 +212,16 @@ class SequenceBatching(Callback):
             candidates.append("packed")
         elif self.block_size is not None:
             rank_zero_info(f"SequenceBatching: packing not tried: {self._pack_problem}.")
-        self.estimates = {"original": self._original_seconds(model, device)}
+        self.estimates = {"original": loader_epoch_seconds(model, device, self._source)}
         for name in candidates:
-            sampler, collate = self._sampler(name), self._collate(name)
-            batches = sampler.batches()
-
-            def make(indices: Sequence[int], collate: Callable = collate) -> Any:
-                return collate([dataset[i] for i in indices])
-
-            sizes = [self._padded(name, b) for b in batches]
-            self.estimates[name] = estimate_epoch_seconds(model, device, batches, make, sizes)
+            self.estimates[name] = sampler_epoch_seconds(
+                model, device, dataset, self._sampler(name), self._collate(name), multiple_of=self.multiple_of,
+                block_size=self.block_size if name == "packed" else None,
+            )
         del model
         # the user's own loader must be beaten by a clear margin: its estimate comes from fewer batches
         best = min(self.estimates, key=lambda k: self.estimates[k] * (1.0 if k == "original" else 1.05))
         return best
-
-    def _padded(self, strategy: str, indices: Sequence[int]) -> int:
-        if strategy == "packed":
-            assert self.block_size is not None
-            return math.ceil(sum(self.lengths[i] for i in indices) / self.block_size) * self.block_size
-        longest = max(self.lengths[i] for i in indices)
-        return math.ceil(longest / self.multiple_of) * self.multiple_of * len(indices)
-
-    def _original_seconds(self, model: torch.nn.Module, device: torch.device, probes: int = 3) -> float:
-        assert self._source is not None
-        it = iter(self._source)
-        batches = [next(it) for _ in range(min(probes, len(self._source)))]
-        sizes = [batch_tokens(b) for b in batches]
-        per_batch = estimate_epoch_seconds(model, device, [[i] for i in range(len(batches))], lambda i: batches[i[0]],
-                                           sizes, probes=len(batches)) / len(batches)
-        return per_batch * len(self._source)
 
     # ------------------------------------------------------------------ resume
     @override
@@ -281,31 +248,6 @@ class SequenceBatching(Callback):
         if state_dict.get("strategy") is not None:
             self._restored = dict(state_dict)
             self.estimates = dict(state_dict.get("estimates") or {})
-
-
-def _check_loader(loader: Any) -> DataLoader:
-    """The user's train loader, if it is a plain DataLoader over a map-style dataset that can be re-batched."""
-    if isinstance(loader, SequenceLoader):
-        raise SpeedupConfigError(
-            "`train_dataloaders` is a SequenceLoader already. Allowed values: a plain DataLoader. HINT: use either "
-            "SequenceBatching or your own sequence sampler, not both."
-        )
-    if not isinstance(loader, DataLoader):
-        raise SpeedupConfigError(
-            f"`train_dataloaders` is a {type(loader).__name__}. Allowed values: a torch DataLoader over a map-style "
-            "dataset of token samples."
-        )
-    if isinstance(loader.dataset, IterableDataset):
-        raise SpeedupConfigError(
-            "`train_dataloaders` reads an IterableDataset, whose samples cannot be grouped by length. Allowed values: "
-            "a DataLoader over a map-style dataset."
-        )
-    if not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
-        raise SpeedupConfigError(
-            f"`train_dataloaders` has a custom sampler ({type(loader.sampler).__name__}) that SequenceBatching would "
-            "replace. Allowed values: a DataLoader with shuffle=True/False and no custom sampler or batch_sampler."
-        )
-    return loader
 
 
 register_technique(

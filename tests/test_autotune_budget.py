@@ -1,0 +1,115 @@
+"""autotune's trial budget on the fake clock: a run of minutes reaches the candidate that matters, comparisons are
+priced at the least they take, and a run too short to measure anything says so once (issue 23). No timing asserted:
+every second here is the fake machine's."""
+
+from __future__ import annotations
+
+import re
+
+import lightning as L
+import pytest
+from torch import nn
+
+from lightning_speedups._autotune_budget import Skipped, budget_note
+from lightning_speedups._autotune_trials import COMPARISON_STEPS, MIN_ROUNDS
+from lightning_speedups.autotune import autotune
+from lightning_speedups.callbacks.ema import EMA
+from lightning_speedups.demo import DemoClassifier
+from tests.test_autotune import FakeMachine, _fake_tune, _loader, _patched
+
+
+def test_a_2x_candidate_on_a_half_second_step_is_measured_within_5_percent_of_a_two_minute_run(monkeypatch):
+    # issue 23: 5% of a 2-minute run (240 steps of 0.5 s) is 6 s; the 4 sizing steps take 2 s, and one comparison was
+    # priced at 2 x (1 + 5) steps = 6 s, so bf16 (2x) was never tried. Now: 1 + 2 x 3 steps = 3.5 s, and the warm
+    # sizing copy is the baseline: measured, kept, within the budget
+    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
+    plan = _fake_tune(monkeypatch, machine, ["precision"], max_steps=240)
+    (choice,) = plan.choices
+    assert choice.name == "precision" and choice.chosen == "bf16-mixed"
+    assert choice.gain == pytest.approx(2.0, rel=0.2) and choice.trials == MIN_ROUNDS  # a 2x effect settles in 3
+    assert plan.trainer_kwargs["precision"] == "bf16-mixed"
+    assert plan.trial_s <= 6.0 * 1.15  # the 5% (6 s, sized by a jittered median step)
+    assert not any("not tried" in n for n in plan.notes)
+
+
+def test_the_rest_of_a_small_budget_goes_on_in_order_and_the_note_says_what_was_left_and_what_one_needs(monkeypatch):
+    # the same 6 s with every candidate: bf16 first, then nothing else fits; the note prices the next comparison at
+    # 7 steps of the *new* (bf16) step, names what was left, and the budget_s that would fit it
+    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
+    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last", "batch_size"], max_steps=240)
+    assert [c.name for c in plan.choices] == ["precision"] and plan.choices[0].chosen == "bf16-mixed"
+    (note,) = [n for n in plan.notes if "not tried: what was left" in n]
+    assert note.startswith("channels_last, batch_size not tried: what was left of the trial budget (")
+    assert re.search(r"of [56]\.\d\ds, 5% of a planned run of about 1[0-3]\d\.\ds\)", note)  # 240 jittered 0.5 s steps
+    needs = dict(re.findall(r"(channels_last|batch_size) (\d+\.\d\d)s", note.split("below")[1]))
+    step = 0.25  # the bf16 plan's step on the fake machine
+    assert float(needs["channels_last"]) == pytest.approx(COMPARISON_STEPS * step, rel=0.15)
+    assert float(needs["batch_size"]) > float(needs["channels_last"])  # two steps per call, both warmed up
+    assert "HINT: pass a larger `budget_s` (at least " in note and "to measure channels_last" in note
+    assert not note.startswith("nothing measured")
+
+
+def test_a_comparison_stops_once_settled_and_a_large_budget_is_not_spent(monkeypatch):
+    machine = FakeMachine({"bf16-mixed": 0.5})
+    plan = _fake_tune(monkeypatch, machine, ["precision"], budget_s=2000.0, max_epochs=1)
+    assert plan.choices[0].trials == MIN_ROUNDS and plan.trial_s < 20.0  # not the 2000 s it was allowed
+
+
+class _Encoder(L.LightningModule):
+    """A small transformer classifier over token ids (for the model-kind rules; the fake machine never runs it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
+        self.head = nn.Linear(16, 10)
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        x, y = batch
+        return nn.functional.cross_entropy(self.head(self.encoder(self.embed(x)).mean(1)), y)
+
+    def configure_optimizers(self):  # noqa: ANN201
+        import torch
+
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def test_a_run_too_short_to_measure_says_so_once_with_the_budget_it_needs_and_adds_no_unproven_method(monkeypatch):
+    # 2 planned steps of 1 s: 5% is 0.1 s, while the 4 sizing steps alone take 4 s. One note says nothing was
+    # measured, and the budget_s that fits one comparison: the sizing (about 4 s) and 7 steps (about 7 s)
+    machine = FakeMachine({"bf16-mixed": 0.5})
+    _patched(monkeypatch, machine)
+    plan = autotune(_Encoder(), _loader(), cache=False, clock=machine.clock, max_epochs=1)
+    assert plan.choices == [] and plan.callbacks == [] and machine.calls == 4
+    budget_notes = [n for n in plan.notes if "not tried" in n or "nothing measured" in n]
+    assert len(budget_notes) == 1, plan.notes
+    (note,) = budget_notes
+    assert note.startswith("nothing measured: the run is too short for one comparison; ")
+    assert "precision, channels_last, data, batch_size, optimizer, compile not tried" in note
+    assert "(0.00s of 0.10s, 5% of a planned run of about 2.0s)" in note
+    fits = float(re.search(r"at least (\d+\.\d)s to measure precision", note).group(1))
+    assert fits == pytest.approx(4.0 + COMPARISON_STEPS, abs=1.5)
+    assert any(n.startswith("ema, schedule not added: no evidence for this model kind (transformer)")
+               for n in plan.notes)  # fmt: skip
+    assert "[6, 6, 7, 5]" not in plan.to_text() and "digits" not in plan.to_text()
+
+
+def test_a_too_short_run_of_a_conv_model_keeps_its_proven_methods(monkeypatch):
+    machine = FakeMachine({})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision"], cache=False, clock=machine.clock,
+                    accelerator="cpu", max_epochs=1)  # fmt: skip
+    assert plan.notes[0].startswith("nothing measured: ")
+    assert [c.name for c in plan.choices] == ["ema", "schedule"] and isinstance(plan.callbacks[0], EMA)
+
+
+def test_the_budget_note_lists_each_candidates_need_when_they_differ():
+    note = budget_note([Skipped("channels_last", 1.0, 3.5), Skipped("batch_size", 1.0, 8.0)], 6.0, None, True)
+    assert note.startswith("channels_last, batch_size not tried: what was left of the trial budget (1.00s of 6.00s)")
+    assert "below what one decision needs (channels_last 3.50s; batch_size 8.00s)" in note
+    assert "(at least 8.5s to measure channels_last)" in note
+    # each came up with a different amount left (the expensive batching first, then a cheaper one after a trial)
+    note = budget_note([Skipped("batching", 4.0, 11.0), Skipped("data", 1.0, 3.5)], 6.0, 120.0, True)
+    assert "trial budget (of 6.00s, 5% of a planned run of about 120.0s; when each came up: batching 4.00s; " \
+           "data 1.00s) is below what one decision needs (batching 11.00s; data 3.50s)" in note
+    assert "(at least 8.5s to measure data)" in note

@@ -1,0 +1,143 @@
+"""autotune's model kinds: the time-to-accuracy methods enter the default plan only for the kinds their evidence covers
+(conv today), with one note for the others; named in ``methods`` they are added whatever the kind, and the plan never
+quotes another kind's numbers (issue 23). No timing asserted."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_speedups._autotune_kinds import EVIDENCE, KINDS, evidence_text, model_kind, proven_kinds
+from lightning_speedups.autotune import autotune
+from lightning_speedups.callbacks.ema import EMA
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
+from lightning_speedups.demo import DemoClassifier
+from tests.test_autotune_methods import _loader as _image_loader
+
+
+class _TokenClassifier(L.LightningModule):
+    """Token ids -> class: an embedding, then a ``body`` ("transformer": nn.TransformerEncoder, "gru": nn.GRU)."""
+
+    def __init__(self, body: str = "transformer") -> None:
+        super().__init__()
+        self.body_kind = body
+        self.embed = nn.Embedding(50, 16)
+        if body == "transformer":
+            self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
+        else:
+            self.body = nn.GRU(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.embed(x))
+        h = h[0] if isinstance(h, tuple) else h
+        return self.head(h.mean(1))
+
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        x, y = batch[0], batch[1]
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):  # noqa: ANN201
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _tokens(n: int = 32, length: int = 12, batch_size: int = 8) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randint(0, 50, (n, length), generator=g),
+                                    torch.randint(0, 4, (n,), generator=g)), batch_size=batch_size)  # fmt: skip
+
+
+class _CausalSelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class _Mixer(nn.Module):  # no attention in any name: only its forward calls SDPA
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(self.proj(x), x, x)
+
+
+class PreTrainedModel(nn.Module):  # what a Hugging Face model derives from, by name
+    pass
+
+
+class _HFLike(PreTrainedModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize(
+    ("build", "kind"),
+    [
+        (lambda: DemoClassifier(width=4), "conv"),
+        (lambda: _TokenClassifier("transformer"), "transformer"),
+        (lambda: _TokenClassifier("gru"), "recurrent"),
+        (lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), "mlp"),
+        (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.MultiheadAttention(8, 2)), "transformer"),
+        (lambda: nn.Sequential(_CausalSelfAttention()), "transformer"),
+        (lambda: nn.Sequential(_Mixer()), "transformer"),
+        (lambda: _HFLike(), "transformer"),
+        (lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.LSTM(8, 8)), "recurrent"),
+        (lambda: nn.Sequential(nn.Conv1d(3, 8, 3)), "mlp"),  # the evidence is image CNNs': Conv2d only
+    ],
+    ids=["demo-cnn", "encoder", "gru", "mlp", "mha", "attn-name", "sdpa-call", "hf", "crnn", "conv1d"],
+)
+def test_model_kind(build, kind):
+    assert model_kind(build()) == kind and kind in KINDS
+
+
+def test_the_evidence_table_covers_conv_only_and_is_quoted_only_for_conv():
+    assert proven_kinds("ema") == ("conv",) and proven_kinds("schedule") == ("conv",)
+    assert {e.task for e in EVIDENCE} == {"digits", "shapes"}
+    assert "[6, 6, 7, 5] without it, [3, 4, 3, 3] with it" in evidence_text("ema", "conv")
+    other = evidence_text("ema", "transformer")
+    assert other == "no bench evidence for transformer models (its evidence is for conv models only)"
+
+
+def _plan(model: L.LightningModule, loader: DataLoader, **kw):
+    return autotune(model, loader, candidates=[], budget_s=5.0, cache=False, accelerator="cpu", max_epochs=2, **kw)
+
+
+@pytest.mark.parametrize(("body", "kind"), [("transformer", "transformer"), ("gru", "recurrent")])
+def test_no_method_by_default_for_a_model_kind_without_evidence(body, kind):
+    plan = _plan(_TokenClassifier(body), _tokens())
+    assert plan.choices == [] and plan.callbacks == [] and "ema" not in plan.settings
+    notes = [n for n in plan.notes if "not added" in n]
+    assert notes == [f"ema, schedule not added: no evidence for this model kind ({kind}); the bench showed them "
+                     "reaching the target sooner for conv models only, and a few trial steps cannot time a gain in "
+                     "epochs. HINT: pass `methods=['ema', 'schedule']` to add them anyway."]  # fmt: skip
+    text = plan.to_text()
+    assert "[6, 6, 7, 5]" not in text and "digits" not in text and "shapes" not in text
+
+
+def test_a_method_named_explicitly_is_added_for_any_kind_with_an_honest_note():
+    plan = _plan(_TokenClassifier("transformer"), _tokens(), methods=["ema"])
+    (choice,) = plan.choices
+    assert choice.name == "ema" and [type(cb) for cb in plan.callbacks] == [EMA]
+    assert "no bench evidence for transformer models (its evidence is for conv models only): added because " \
+           "`methods` names it" in choice.note
+    assert not any("not added" in n for n in plan.notes)
+    text = plan.to_text()
+    assert "[6, 6, 7, 5]" not in text and "digits" not in text
+
+
+def test_a_conv_model_keeps_both_methods_by_default_with_the_conv_evidence():
+    plan = _plan(DemoClassifier(width=4), _image_loader())
+    assert [c.name for c in plan.choices] == ["ema", "schedule"]
+    assert [type(cb) for cb in plan.callbacks] == [EMA, FastSchedule]
+    assert "its evidence for conv models: digits" in plan.choices[0].note and "[3, 4, 3, 3]" in plan.choices[0].note
+    assert "median quarter epochs to the target" in plan.choices[1].note
+    assert not any("not added" in n for n in plan.notes)
