@@ -1,0 +1,41 @@
+"""The workload suite: training tasks written the way users write them, to judge speedups on.
+
+Each task is a *plain* ``L.LightningModule`` with its own ``configure_optimizers`` and a plain ``DataLoader`` with
+per-sample work, trained offline (no downloads), and declares its metric, the target to time and its split:
+``"dev"`` tasks may be used while building a technique, ``"held_out"`` tasks only to judge it.
+
+Example::
+
+    >>> from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
+    >>> "gpt_stdlib" in list_workloads(split="held_out")
+    True
+    >>> w = get_workload("gpt_stdlib")
+    >>> w.metric, w.mode
+    ('val_loss', 'min')
+"""
+
+from lightning_speedups.benchmarks.workloads import images, tabular, text_cls, text_lm  # noqa: F401  (registration)
+from lightning_speedups.benchmarks.workloads._registry import (
+    KINDS,
+    SPLITS,
+    Workload,
+    get_workload,
+    list_workloads,
+    register_workload,
+    trainer_kwargs,
+)
+from lightning_speedups.benchmarks.workloads._run import TargetClock, time_to_target
+
+__all__ = [
+    # registry
+    "KINDS",
+    "SPLITS",
+    "Workload",
+    "get_workload",
+    "list_workloads",
+    "register_workload",
+    "trainer_kwargs",
+    # running
+    "TargetClock",
+    "time_to_target",
+]

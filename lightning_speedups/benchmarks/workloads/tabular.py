@@ -1,0 +1,121 @@
+"""A tabular workload: an MLP on scikit-learn's bundled breast-cancer set (569 rows, 30 features, no download).
+
+The ``Dataset`` standardises each row on access with the training split's statistics, as a user's
+``__getitem__`` often does. The whole set is tiny, so per-step overhead (the loop, the logging, the loader)
+dominates its time: the opposite end from the ResNet and GPT workloads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torchmetrics
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_speedups._errors import require
+from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
+
+__all__ = ["StandardizedRows", "TabularDataModule", "TabularMLP"]
+
+
+class StandardizedRows(Dataset):
+    """Feature rows standardised per sample with given ``mean`` and ``std``; items are ``(features, label)``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.x, self.y, self.mean, self.std = x, y, mean, std
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.x[idx] - self.mean) / self.std, self.y[idx]
+
+
+class TabularDataModule(L.LightningDataModule):
+    """Breast-cancer rows split 70/30 (stratified by a fixed permutation of ``seed``)."""
+
+    def __init__(
+        self, batch_size: int = 16, val_fraction: float = 0.3, seed: int = 0, limit: int | None = None
+    ) -> None:
+        super().__init__()
+        self.batch_size, self.val_fraction, self.seed, self.limit = batch_size, val_fraction, seed, limit
+
+    def setup(self, stage: str | None = None) -> None:
+        datasets = require("sklearn.datasets", "demo", "The tabular workload")
+        bunch = datasets.load_breast_cancer()
+        x = torch.as_tensor(bunch.data, dtype=torch.float32)
+        y = torch.as_tensor(bunch.target, dtype=torch.long)
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(self.seed))
+        if self.limit is not None:
+            perm = perm[: self.limit]
+        n_val = int(round(len(perm) * self.val_fraction))
+        val_idx, train_idx = perm[:n_val], perm[n_val:]
+        mean, std = x[train_idx].mean(0), x[train_idx].std(0).clamp(min=1e-6)
+        self.train_set = StandardizedRows(x[train_idx], y[train_idx], mean, std)
+        self.val_set = StandardizedRows(x[val_idx], y[val_idx], mean, std)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=256)
+
+
+class TabularMLP(L.LightningModule):
+    """An MLP with dropout (``in -> hidden x layers -> classes``), Adam; logs ``val_acc`` and ``val_loss``."""
+
+    def __init__(self, in_features: int = 30, hidden: int = 64, layers: int = 2, num_classes: int = 2) -> None:
+        super().__init__()
+        mods: list[nn.Module] = []
+        prev = in_features
+        for _ in range(layers):
+            mods += [nn.Linear(prev, hidden), nn.ReLU(), nn.Dropout(0.2)]
+            prev = hidden
+        self.net = nn.Sequential(*mods, nn.Linear(prev, num_classes))
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.val_acc(logits, y)
+        self.log("val_loss", nn.functional.cross_entropy(logits, y))
+        self.log("val_acc", self.val_acc, on_step=False, on_epoch=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def _build_tabular(seed: int, small: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:
+    torch.manual_seed(seed)
+    return TabularMLP(), TabularDataModule(batch_size=16, seed=seed, limit=120 if small else None)
+
+
+register_workload(
+    Workload(
+        name="tabular_mlp",
+        kind="tabular",
+        split="held_out",
+        metric="val_acc",
+        mode="max",
+        target=0.975,
+        description="scikit-learn breast cancer (398 train / 171 val rows, 30 features), 2x64 MLP with dropout, "
+        "Adam 1e-3, batch 16, per-row standardisation in the Dataset. Measured (seed 0, AMD EPYC 2 cores shared, "
+        "load ~5): 0.977 at epoch 10 after 21 s of training, plateau 0.977-0.982; too small to take a minute.",
+        build=_build_tabular,
+        max_epochs=30,
+        val_check_interval=1.0,
+        reference_s=21.0,
+    )
+)

@@ -1,0 +1,122 @@
+"""The workload suite: every registered task builds, trains two steps and logs its metric; the registry's errors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import lightning as L
+import pytest
+
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups.benchmarks.workloads import (
+    KINDS,
+    SPLITS,
+    Workload,
+    get_workload,
+    list_workloads,
+    register_workload,
+    time_to_target,
+    trainer_kwargs,
+)
+from lightning_speedups.optim.mixin import SpeedupMixin
+
+SMOKE = dict(
+    max_steps=2,
+    limit_val_batches=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    accelerator="cpu",
+)
+
+
+def test_workloads_suite_shape() -> None:
+    names = list_workloads()
+    assert len(names) >= 7
+    assert len(list_workloads(split="held_out")) >= 3
+    assert set(list_workloads(split="dev")) | set(list_workloads(split="held_out")) == set(names)
+    assert {get_workload(n).kind for n in names} == set(KINDS)
+    for name in ("digits", "shapes", "resnet18_cifar", "gpt_stdlib", "seqcls_stdlib", "tabular_mlp"):
+        assert name in names
+
+
+@pytest.mark.parametrize("name", list_workloads())
+def test_workload_trains_two_steps(name: str) -> None:
+    w = get_workload(name)
+    assert w.split in SPLITS and w.mode in ("max", "min") and w.description
+    assert math.isfinite(w.target) and (w.max_epochs is not None or w.max_steps > 0)
+    if w.metric.endswith("acc"):
+        assert 0.0 < w.target <= 1.0
+    L.seed_everything(0, verbose=False)
+    model, data = w.build(0, small=True)
+    assert isinstance(model, L.LightningModule) and not isinstance(model, SpeedupMixin), "a plain LightningModule"
+    trainer = L.Trainer(**SMOKE, val_check_interval=2, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=data)
+    assert trainer.global_step == 2
+    assert w.metric in trainer.callback_metrics
+    assert math.isfinite(float(trainer.callback_metrics[w.metric]))
+
+
+def test_workload_seqcls_exposes_lengths() -> None:
+    _, data = get_workload("seqcls_stdlib").build(0, small=True)
+    data.setup("fit")
+    ds = data.train_set
+    assert len(ds.lengths) == len(ds) and max(ds.lengths) == ds.max_len
+    ids, labels = next(iter(data.train_dataloader()))
+    assert ids.shape[1] == ds.max_len and labels.shape[0] == ids.shape[0]
+
+
+def test_workload_unknown_name() -> None:
+    with pytest.raises(SpeedupConfigError, match=r"`workload`='nope' is not registered\. Allowed values: .*'digits'"):
+        get_workload("nope")
+    with pytest.raises(SpeedupConfigError, match=r"`split`='test' is not supported\. Allowed values: 'dev'"):
+        list_workloads(split="test")
+
+
+def test_workload_misconfiguration() -> None:
+    w = get_workload("digits")
+    with pytest.raises(SpeedupConfigError, match=r"`split`='train' is not supported"):
+        replace(w, split="train")
+    with pytest.raises(SpeedupConfigError, match=r"`mode`='up' is not supported"):
+        replace(w, mode="up")
+    with pytest.raises(SpeedupConfigError, match=r"`kind`='gan' is not supported"):
+        replace(w, kind="gan")
+    with pytest.raises(SpeedupConfigError, match=r"`max_steps`=-1 with `max_epochs`=None"):
+        replace(w, max_epochs=None, max_steps=-1)
+    with pytest.raises(SpeedupConfigError, match=r"`build`=3 is not callable"):
+        replace(w, build=3)
+
+
+def test_workload_register_and_trainer_kwargs() -> None:
+    w = replace(get_workload("tabular_mlp"), name="tabular_copy")
+    try:
+        assert register_workload(w) is w and get_workload("tabular_copy") is w
+        kw = trainer_kwargs(w, max_epochs=1)
+        assert kw["accelerator"] == "cpu" and kw["max_epochs"] == 1 and kw["logger"] is False
+        L.Trainer(**kw)  # the settings are valid Trainer arguments
+    finally:
+        from lightning_speedups.benchmarks.workloads._registry import _WORKLOADS
+
+        _WORKLOADS.pop("tabular_copy", None)
+
+
+def test_workload_time_to_target_unreached() -> None:
+    w = replace(get_workload("tabular_mlp"), target=2.0)  # accuracy never reaches 2
+    out = time_to_target(w, seed=0, trainer_overrides={"max_steps": 4, "val_check_interval": 2}, small=True)
+    assert {"time_to_target_s", "steps_to_target", "best", "final", "steps", "train_s", "wall_s", "curve"} <= set(out)
+    assert out["time_to_target_s"] is None and out["steps_to_target"] is None
+    assert out["steps"] == 4 and len(out["curve"]) == 2
+    assert out["best"] == max(v for _, _, v in out["curve"]) and out["final"] == out["curve"][-1][2]
+
+
+def test_workload_time_to_target_reached_and_stops() -> None:
+    w = replace(get_workload("gpt_stdlib"), target=100.0)  # any loss is below 100 nats/byte
+    out = time_to_target(
+        w, trainer_overrides={"max_steps": 6, "val_check_interval": 2, "limit_val_batches": 1}, small=True,
+        stop_at_target=True,
+    )  # fmt: skip
+    assert out["steps_to_target"] == 2 and out["steps"] == 2
+    assert out["time_to_target_s"] is not None and 0.0 <= out["time_to_target_s"] <= out["train_s"]
+    assert isinstance(Workload, type)
