@@ -30,8 +30,8 @@ from lightning_speedups.data.padding import pack_sequences, pad_collate
 from lightning_speedups.data.samplers import (
     LengthGroupedSampler,
     PackedBatchSampler,
+    SequenceBatchSampler,
     TokenBudgetBatchSampler,
-    _SequenceBatchSampler,
 )
 
 __all__ = [
@@ -180,7 +180,7 @@ def batching_sampler(
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
-) -> _SequenceBatchSampler:
+) -> SequenceBatchSampler:
     """The batch sampler of a ``SequenceBatching`` strategy, with its defaults.
 
     ``"length_grouped"``: ``batch_size`` samples of similar length. ``"token_budget"``: ``max_tokens`` padded tokens,
@@ -225,7 +225,7 @@ def sampler_epoch_seconds(
     model: nn.Module,
     device: torch.device,
     dataset: Any,
-    sampler: _SequenceBatchSampler,
+    sampler: SequenceBatchSampler,
     collate: Callable[[list[Any]], Any],
     *,
     multiple_of: int = 8,

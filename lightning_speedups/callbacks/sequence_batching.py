@@ -27,8 +27,8 @@ from lightning_speedups.callbacks._sequence_choice import (
     sampler_epoch_seconds,
     training_copy,
 )
+from lightning_speedups.data._sampler_base import SequenceBatchSampler
 from lightning_speedups.data.padding import pack_collate, pad_collate, sequence_lengths, token_tensor
-from lightning_speedups.data.samplers import _SequenceBatchSampler
 from lightning_speedups.data.sequence_loader import SequenceLoader
 
 __all__ = ["STRATEGIES", "SequenceBatching"]
@@ -155,7 +155,7 @@ class SequenceBatching(Callback):
                     "'token_budget', 'auto'."
                 )
 
-    def _sampler(self, strategy: str) -> _SequenceBatchSampler:
+    def _sampler(self, strategy: str) -> SequenceBatchSampler:
         return batching_sampler(
             strategy, self.lengths, self._batch or 1, max_tokens=self.max_tokens, block_size=self.block_size,
             rows=self.rows, multiple_of=self.multiple_of, drop_last=bool(self._source and self._source.drop_last),

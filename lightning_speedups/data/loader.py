@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_speedups._errors import SpeedupConfigError, check_callable, check_int
 
-__all__ = ["DeviceDataLoader", "resolve_device"]
+__all__ = ["DeviceDataLoader", "EpochSetter", "dist_rank_world", "resolve_device"]
 
 DeviceLike = torch.device | str | int | Any
 
@@ -64,16 +64,18 @@ def resolve_device(device: DeviceLike) -> torch.device | None:
     raise SpeedupConfigError(f"`device`={device!r} is not supported. Allowed values: {_DEVICE_ALLOWED}.")
 
 
-def _dist_rank_world() -> tuple[int, int]:
+def dist_rank_world() -> tuple[int, int]:
+    """``(rank, world_size)`` from torch.distributed when it is initialised, else ``(0, 1)``."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
 
 
-class _EpochSetter:
-    """What Lightning finds as ``loader.sampler``: its ``set_epoch`` is called at the start of every epoch."""
+class EpochSetter:
+    """What Lightning finds as ``loader.sampler`` (or ``batch_sampler.sampler``): it calls ``set_epoch`` at the start
+    of every epoch, which this passes on to the loader or sampler that owns it."""
 
-    def __init__(self, loader: DeviceDataLoader) -> None:
+    def __init__(self, loader: Any) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
@@ -176,7 +178,7 @@ class DeviceDataLoader:
         self._device_spec = device
         self._rank, self._world_size = rank, world_size
         self._epoch = 0
-        self.sampler = _EpochSetter(self)  # Lightning's `_set_sampler_epoch` looks for `loader.sampler.set_epoch`
+        self.sampler = EpochSetter(self)  # Lightning's `_set_sampler_epoch` looks for `loader.sampler.set_epoch`
         self.batch_sampler = None  # read by Lightning's `_is_dataloader_shuffled` next to `sampler`
         self._check_shard(*self._rank_world())  # again at len()/iter(), once a DDP world size is known
         check = getattr(transform, "check_input", None)
@@ -195,7 +197,7 @@ class DeviceDataLoader:
                     " 0 <= rank < world_size."
                 )
             return rank, world
-        return _dist_rank_world()
+        return dist_rank_world()
 
     def _shard_size(self, world: int) -> int:
         return self.num_samples // world if self.drop_last else math.ceil(self.num_samples / world)

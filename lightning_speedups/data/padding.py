@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.data import default_collate
 
 from lightning_speedups._errors import SpeedupConfigError, check_int
-from lightning_speedups.data.samplers import _check_lengths
+from lightning_speedups.data._sampler_base import check_lengths
 
 __all__ = [
     "IGNORE_INDEX",
@@ -314,7 +314,7 @@ def sequence_lengths(dataset: Any, lengths: Sequence[int] | None = None) -> Sequ
     if lengths is None and getattr(dataset, "lengths", None) is not None:
         lengths, source = dataset.lengths, "dataset.lengths"
     if lengths is not None:
-        values = _check_lengths(lengths).tolist()
+        values = check_lengths(lengths).tolist()
         if len(values) != size:
             raise SpeedupConfigError(
                 f"`lengths` has {len(values)} entries but the dataset has {size} samples. Allowed values: one length "

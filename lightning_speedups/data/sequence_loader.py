@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lightning_speedups.data.samplers import _SequenceBatchSampler
+from lightning_speedups.data._sampler_base import SequenceBatchSampler
 
 __all__ = ["SequenceLoader"]
 
@@ -41,7 +41,7 @@ class SequenceLoader:
     def __init__(
         self,
         dataset: Any,
-        batch_sampler: _SequenceBatchSampler,
+        batch_sampler: SequenceBatchSampler,
         collate_fn: Callable[[list[Any]], Any],
         **loader_kwargs: Any,
     ) -> None:
