@@ -1,10 +1,11 @@
 """autotune's ``"batching"`` candidate (issue 24): length-aware batches for token data, kept as a SequenceBatching.
 
 When the training data is a plain ``DataLoader`` whose samples hold token tensors, the training step's time for one
-epoch is estimated for the user's loader as it is and for length-grouped and token-budget batches of its dataset
+epoch is estimated for the user's loader as it is and for length-grouped batches of its dataset
 (:func:`~lightning_speedups.callbacks._sequence_choice.estimate_batchings`, what ``SequenceBatching("auto")``
-weighs). A batching whose estimated epoch beats the user's by the margin goes into the plan as
-``SequenceBatching(strategy=<winner>)``, which rebuilds the loader at the fit's start. Data without token tensors is
+weighs; not token budgets, which change the optimisation as well as the speed). A batching whose estimated epoch
+beats the user's by the margin goes into the plan as ``SequenceBatching(strategy=<winner>)``, which rebuilds the
+loader at the fit's start. Data without token tensors is
 skipped without a note; a loader that cannot be rebuilt, with one. Packing is not tried: it needs a model that keeps
 packed documents apart and a block size, which ``SequenceBatching("packed", block_size=...)`` checks itself.
 
@@ -23,7 +24,7 @@ from lightning_speedups.data.padding import sequence_lengths, token_tensor
 
 __all__ = ["BATCHING_STEPS", "STRATEGIES", "token_loader"]
 
-STRATEGIES = ("length_grouped", "token_budget")
+STRATEGIES = ("length_grouped",)  # not the token budget: it changes the optimisation (see SequenceBatching "auto")
 _PROBES, _REPEATS = 3, 2  # estimate_epoch_seconds' defaults: 3 batches, best of 2, after one warm-up step
 # the user's loader and each strategy: a warm-up step and 3 batches timed twice each
 BATCHING_STEPS = (1 + len(STRATEGIES)) * (1 + _PROBES * _REPEATS)

@@ -80,7 +80,7 @@ def test_batching_is_first_and_measured_for_token_data_and_kept_as_a_callback(tm
     assert list_candidates()[0] == "batching"
     plan = _tune(_tokens(), cache=True, cache_dir=tmp_path)
     (choice,) = plan.choices
-    assert choice.name == "batching" and choice.options == [None, "length_grouped", "token_budget"]
+    assert choice.name == "batching" and choice.options == [None, "length_grouped"]
     assert "original" in choice.note  # the user's loader was estimated beside each batching
     kept = choice.chosen
     assert _batchings(plan) == ([kept] if kept else []) and plan.settings["batching"] == kept

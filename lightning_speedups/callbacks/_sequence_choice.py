@@ -245,7 +245,7 @@ def estimate_batchings(
     device: torch.device,
     loader: Any,
     lengths: Sequence[int],
-    strategies: Sequence[str] = ("length_grouped", "token_budget"),
+    strategies: Sequence[str] = ("length_grouped",),
     *,
     pad_value: int = 0,
     multiple_of: int = 8,

@@ -64,7 +64,7 @@ def pad_fraction(
 class SequenceBatchSampler(Sampler[list[int]]):
     """Seeding, DDP sharding, epochs and resume state shared by the sequence batch samplers.
 
-    A subclass implements :meth:`_global_batches`: the epoch's batches for all ranks, in an order where neighbours
+    A subclass implements ``_global_batches``: the epoch's batches for all ranks, in an order where neighbours
     have similar lengths. This class deals them out: steps of ``world_size`` neighbouring batches, the steps in a
     seeded random order (when ``shuffle``), rank ``r`` taking the ``r``-th batch of each step. When the batches do
     not split evenly over the ranks, the last step is completed with the first batches (a few samples appear twice

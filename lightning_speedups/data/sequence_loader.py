@@ -23,8 +23,8 @@ class SequenceLoader:
 
     Args:
         dataset: a map-style dataset of token samples.
-        batch_sampler: a :class:`~lightning_speedups.LengthGroupedSampler`, :class:`~lightning_speedups.
-            TokenBudgetBatchSampler` or :class:`~lightning_speedups.PackedBatchSampler`.
+        batch_sampler: a :class:`~lightning_speedups.LengthGroupedSampler`,
+            :class:`~lightning_speedups.TokenBudgetBatchSampler` or :class:`~lightning_speedups.PackedBatchSampler`.
         collate_fn: e.g. :func:`~lightning_speedups.pad_collate` or :func:`~lightning_speedups.pack_collate`.
         **loader_kwargs: passed to the inner ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
