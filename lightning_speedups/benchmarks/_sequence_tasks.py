@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs
+from lightning_speedups.benchmarks.workloads.text_lm import CausalBlock
 from lightning_speedups.data import (
     LengthGroupedSampler,
     PackedBatchSampler,
@@ -79,15 +81,6 @@ def _package_files(package: str) -> tuple[pathlib.Path, ...]:
     return tuple(sorted(files))
 
 
-def _paragraphs(data: bytes, max_len: int | None) -> list[bytes]:
-    out = []
-    for para in data.split(b"\n\n"):
-        para = para.strip(b"\n")
-        if len(para.strip()) >= _MIN_BYTES:
-            out.append(para[:max_len])
-    return out
-
-
 class Snippets(Dataset):
     """Token sequences with an integer label; ``__getitem__`` returns ``(tokens, label)``.
 
@@ -125,7 +118,7 @@ def _files() -> list[pathlib.Path]:
 @lru_cache(maxsize=1)
 def _all_paragraphs() -> tuple[bytes, ...]:
     """Every paragraph of :func:`_files`, uncut, in file order (read once per process)."""
-    return tuple(para for path in _files() for para in _paragraphs(path.read_bytes(), None))
+    return tuple(para for path in _files() for para in paragraphs(path.read_bytes(), _MIN_BYTES, None))
 
 
 def paragraph_kind(paragraph: bytes) -> int:
@@ -306,30 +299,13 @@ class SnippetClassifier(nn.Module):
         return self.head(self.norm((h * w).sum(1) / w.sum(1).clamp(min=1.0)))
 
 
-class _Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        # padded rows: plain causal (right padding never reaches a real token); packed rows: block-diagonal mask
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
-
-
 class ByteGPT(nn.Module):
     """A tiny causal GPT over bytes; ``forward(input_ids, position_ids, attn_mask=None)`` returns the logits."""
 
     def __init__(self, block_size: int, d: int = 64, heads: int = 4, layers: int = 2) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(block_size, d)
-        self.blocks = nn.ModuleList(_Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(CausalBlock(d, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, VOCAB, bias=False)
 

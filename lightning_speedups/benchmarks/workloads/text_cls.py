@@ -17,22 +17,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads._stdlib_text import read_source, stdlib_package_files
+from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs, read_source, stdlib_package_files
 
 __all__ = ["PACKAGES", "PackageDataModule", "PackageSnippets", "SnippetClassifier"]
 
 # packages with many files, present in CPython 3.10 to 3.13 (any missing from an install is left out)
 PACKAGES = ("asyncio", "email", "importlib", "multiprocessing", "tkinter", "unittest", "xml")
 PAD = 0  # token ids are byte + 1, so 0 is free for padding
-
-
-def _paragraphs(data: bytes, min_len: int, max_len: int) -> list[bytes]:
-    out = []
-    for para in data.split(b"\n\n"):
-        para = para.strip(b"\n")
-        if len(para.strip()) >= min_len:
-            out.append(para[:max_len])
-    return out
 
 
 class PackageSnippets(Dataset):
@@ -93,7 +84,7 @@ class PackageDataModule(L.LightningDataModule):
         for label, package in enumerate(self.packages):
             kept = 0
             for i, rel in enumerate(stdlib_package_files(package)):
-                paras = [(p, label) for p in _paragraphs(read_source(rel), 32, self.max_len)]
+                paras = [(p, label) for p in paragraphs(read_source(rel), 32, self.max_len)]
                 if i % self.val_every == self.val_every - 1:
                     val += paras[: self.max_per_class // 4]
                 elif kept < self.max_per_class:

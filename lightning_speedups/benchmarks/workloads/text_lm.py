@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
 from lightning_speedups.benchmarks.workloads._stdlib_text import stdlib_corpus
 
-__all__ = ["ByteGPT", "ByteLMDataModule", "CharGRU"]
+__all__ = ["ByteGPT", "ByteLMDataModule", "CausalBlock", "CharGRU"]
 
 
 class _Windows(Dataset):
@@ -93,7 +93,7 @@ class _LMBase(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
 
-class _Block(nn.Module):
+class CausalBlock(nn.Module):
     """Pre-norm transformer block with causal ``scaled_dot_product_attention`` (nanoGPT's layout)."""
 
     def __init__(self, d: int, heads: int) -> None:
@@ -103,11 +103,12 @@ class _Block(nn.Module):
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # no mask: plain causal; a packed row: the block-diagonal causal mask (packed_attention_mask)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
 
@@ -121,7 +122,7 @@ class ByteGPT(_LMBase):
     ) -> None:  # fmt: skip
         super().__init__(lr, weight_decay)
         self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(block, d)
-        self.blocks = nn.Sequential(*(_Block(d, heads) for _ in range(layers)))
+        self.blocks = nn.Sequential(*(CausalBlock(d, heads) for _ in range(layers)))
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, 256, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as GPT-2 does
 
