@@ -128,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument("--markdown", metavar="PATH", help="write the results as a markdown table")
     bench.add_argument("--plots", metavar="DIR", help="write PNG charts (needs matplotlib)")
-    bench.add_argument("--only", metavar="NAMES", help="comma-separated technique names to run")
+    bench.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="comma-separated technique names to run; 'workloads' (run only when named) runs the workload suite",
+    )
     bench.add_argument("--skip", metavar="NAMES", help="comma-separated technique names to skip")
     bench.add_argument(
         "--target-accuracy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import time
@@ -17,6 +18,7 @@ from lightning_speedups.measure import machine_info
 
 __all__ = [
     "END_TO_END",
+    "SUITES",
     "BenchFailure",
     "format_markdown",
     "format_table",
@@ -27,7 +29,7 @@ __all__ = [
 ]
 
 # rows that measure a whole run reaching its accuracy (what users feel), shown first and charted first
-END_TO_END = ("recipe", "autotune")
+END_TO_END = ("recipe", "autotune", "workloads")
 
 
 def split_rows(rows: Sequence[BenchRow]) -> tuple[list[BenchRow], list[BenchRow]]:
@@ -39,17 +41,33 @@ class BenchFailure(RuntimeError):
     """A technique's benchmark raised; the other techniques still ran."""
 
 
+# benchmarks that are not one technique's: run only when named in ``--only`` (the workload suite trains seven tasks
+# with every method over three seeds, hours in full mode), so they are not registered techniques (no callback,
+# notebook or docs page of their own)
+SUITES: dict[str, str] = {"workloads": "lightning_speedups.benchmarks.workloads_bench:run"}
+
+
 def _select(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]:
     names = [n for n in list_techniques() if get_technique(n).bench is not None]
     for given in [*(only or []), *(skip or [])]:
-        if given not in list_techniques():
+        if given not in list_techniques() and given not in SUITES:
             raise SpeedupConfigError(
-                f"`technique`={given!r} is not registered. Allowed values: {', '.join(map(repr, names))}."
+                f"`technique`={given!r} is not registered. Allowed values: {', '.join(map(repr, [*names, *SUITES]))}."
             )
     if only:
         names = [n for n in names if n in only]
     names = sorted(names, key=lambda n: n != "recipes")  # the end-to-end results first
-    return [n for n in names if n not in (skip or [])]
+    names = [n for n in names if n not in (skip or [])]
+    return names + [n for n in SUITES if n in (only or []) and n not in (skip or [])]
+
+
+def _load_bench(name: str) -> Callable[..., Any]:
+    if name in SUITES:
+        module, func = SUITES[name].split(":")
+        return getattr(importlib.import_module(module), func)
+    bench = get_technique(name).load_bench()
+    assert bench is not None  # _select keeps only techniques with a bench
+    return bench
 
 
 def run_benchmarks(
@@ -70,8 +88,7 @@ def run_benchmarks(
     rows: list[BenchRow] = []
     errors: dict[str, str] = {}
     for name in _select(only, skip):
-        bench = get_technique(name).load_bench()
-        assert bench is not None  # _select keeps only techniques with a bench
+        bench = _load_bench(name)
         start = time.perf_counter()
         if echo:
             print(f"[bench] {name} ...", flush=True)

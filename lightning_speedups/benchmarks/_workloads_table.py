@@ -1,0 +1,144 @@
+"""The workload suite's summary: medians over seeds per ``(task, method)``, ratios to the baseline, a markdown table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from lightning_speedups.benchmarks.workloads import get_workload, list_workloads
+from lightning_speedups.measure import median
+
+__all__ = ["ACC_TOLERANCE", "LOSS_TOLERANCE", "does_not_help", "format_summary", "summarize"]
+
+ACC_TOLERANCE = 0.005  # half a point of accuracy: a worse end than this counts against a method
+LOSS_TOLERANCE = 0.01  # a loss higher by this at the end counts against a method
+_ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached")
+
+
+def _mode_target(task: str, metric: str) -> tuple[str, float | None]:
+    if task in list_workloads():
+        w = get_workload(task)
+        return w.mode, w.target
+    return ("min" if "loss" in metric else "max"), None
+
+
+def _group(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["method"]), []).append(r)
+    order = {m: i for i, m in enumerate(_ORDER)}
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    return dict(sorted(groups.items(), key=lambda kv: (tasks.index(kv[0][0]), order.get(kv[0][1], len(order)))))
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per ``(task, method)``: the median time to target over seeds (a run that missed counts as infinitely slow,
+    so the median is ``None`` when most missed), min and max of the runs that reached it, how many did, the median
+    ``quality`` (the metric at the end of the run) and ``ratio`` = baseline median / method median (> 1: sooner),
+    with ``ratio_min`` / ``ratio_max`` over the seeds both reached the target in.
+
+    Example::
+
+        >>> runs = [("baseline", 0, 4.0), ("baseline", 1, 6.0), ("autotune_first", 0, 2.0), ("autotune_first", 1, 3.0)]
+        >>> rows = [dict(task="t", kind="tabular", split="dev", method=m, seed=s, time_to_target_s=t, quality=0.9,
+        ...              metric="val_acc", trial_s=0.0) for m, s, t in runs]
+        >>> [(s["method"], s["median_s"], s["ratio"]) for s in summarize(rows)]
+        [('baseline', 5.0, 1.0), ('autotune_first', 2.5, 2.0)]
+    """
+    groups = _group(rows)
+    out = []
+    for (task, method), group in groups.items():
+        times = [r["time_to_target_s"] for r in group]
+        reached = [t for t in times if t is not None]
+        med = median([math.inf if t is None else t for t in times])
+        qualities = [r["quality"] for r in group if r["quality"] is not None]
+        metric = group[0]["metric"]
+        mode, target = _mode_target(task, metric)
+        out.append({
+            "task": task, "kind": group[0]["kind"], "split": group[0]["split"], "method": method, "metric": metric,
+            "mode": mode, "target": target, "n": len(group), "reached": len(reached),
+            "median_s": med if math.isfinite(med) else None,
+            "min_s": min(reached) if reached else None, "max_s": max(reached) if reached else None,
+            "quality": median(qualities) if qualities else None,
+            "trial_s": median([float(r.get("trial_s") or 0.0) for r in group]),
+        })  # fmt: skip
+    base = {s["task"]: s for s in out if s["method"] == "baseline"}
+    for s in out:
+        b = base.get(s["task"])
+        s["ratio"] = b["median_s"] / s["median_s"] if b and b["median_s"] and s["median_s"] else None
+        seed_times = {m: {r["seed"]: r["time_to_target_s"] for r in groups[(s["task"], m)]}
+                      for m in (s["method"], "baseline") if (s["task"], m) in groups}  # fmt: skip
+        per_seed = [seed_times["baseline"][k] / t for k, t in seed_times.get(s["method"], {}).items()
+                    if t and seed_times.get("baseline", {}).get(k)]  # fmt: skip
+        s["ratio_min"], s["ratio_max"] = (min(per_seed), max(per_seed)) if per_seed else (None, None)
+    return out
+
+
+def does_not_help(s: dict[str, Any], base: dict[str, Any]) -> str | None:
+    """Why a method does not help against the baseline's summary ``base`` (``None`` when it does)."""
+    if s["ratio"] is not None and s["ratio"] < 1.0:
+        return f"slower ({s['ratio']:.2f}x)"
+    if s["median_s"] is None and base["median_s"] is not None:
+        return "target missed"
+    if s["quality"] is not None and base["quality"] is not None:
+        worse = base["quality"] - s["quality"] if s["mode"] == "max" else s["quality"] - base["quality"]
+        if worse > (ACC_TOLERANCE if s["mode"] == "max" else LOSS_TOLERANCE):
+            return f"worse end ({s['quality']:.3g} vs {base['quality']:.3g})"
+    return None
+
+
+def _time(s: dict[str, Any] | None, with_range: bool = False) -> str:
+    if s is None:
+        return "n/a"
+    if s["median_s"] is None:
+        return f"not reached ({s['reached']}/{s['n']})"
+    text = f"{s['median_s']:.1f} s"
+    if with_range:
+        text += f" [{s['min_s']:.1f}-{s['max_s']:.1f}]"
+    if s["reached"] < s["n"]:
+        text += f" ({s['reached']}/{s['n']} reached)"
+    return text if s["method"] == "baseline" or s["ratio"] is None else f"{text}, {s['ratio']:.2f}x"
+
+
+def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]] = ()) -> str:
+    """A markdown table, one line per task: the baseline's median [min-max] time to target, each method's median and
+    ratio, the qualities at the end, and where a method does not help (slower, missed, or ending worse by more than
+    half a point of accuracy / 0.01 of loss). "n/a": the method has no row (it does not apply to the task)."""
+    methods = [m for m in _ORDER if m != "baseline"]
+    by_key = {(s["task"], s["method"]): s for s in summary}
+    tasks = list(dict.fromkeys(s["task"] for s in summary))
+    lines = []
+    if rows:
+        m = rows[0]["machine"]
+        lines += [f"Machine: {m.get('cpu')} ({m.get('cpu_count')} cores, {m.get('torch_threads')} torch threads), "
+                  f"torch {m.get('torch')}, device {m.get('device')}.", ""]  # fmt: skip
+    header = ["task", "split", "metric (target)", "baseline [min-max]", *methods, "quality at the end",
+              "where it does not help"]  # fmt: skip
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for task in tasks:
+        base = by_key.get((task, "baseline"))
+        any_s = base or next(s for s in summary if s["task"] == task)
+        target = "" if any_s["target"] is None else f" {any_s['target']:g}"
+        qualities = [f"{m}: {'n/a' if by_key.get((task, m)) is None else _q(by_key[(task, m)])}"
+                     for m in ("baseline", *methods)]  # fmt: skip
+        bad = [f"{m}: {why}" for m in methods if base and (task, m) in by_key
+               for why in [does_not_help(by_key[(task, m)], base)] if why]  # fmt: skip
+        cells = [
+            task,
+            any_s["split"],
+            f"{any_s['metric']} ({any_s['mode']}{target})",
+            _time(base, True),
+            *(_time(by_key.get((task, m))) for m in methods),
+            "; ".join(qualities),
+            "; ".join(bad) or "-",
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    lines += ["", "Times: median over seeds of the training seconds to the target (validation not counted), the "
+              "method's trials or probe included; ratio = baseline median / method median. n/a: no row (fast_train "
+              "applies to SpeedupMixin models only)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _q(s: dict[str, Any]) -> str:
+    return "-" if s["quality"] is None else f"{s['quality']:.3f}"

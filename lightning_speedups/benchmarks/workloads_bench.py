@@ -1,0 +1,375 @@
+"""The workload suite bench: the plain baseline vs ``fast_train`` and ``autotune`` on every registered workload.
+
+Per task, per seed, per method (interleaved, so machine noise reaches every method alike) one run of the workload's
+planned length (:func:`~lightning_speedups.benchmarks.workloads.time_to_target`, validation not counted), recorded
+as one row and written at once to the JSON file (the whole list rewritten atomically after every row): an
+interrupted run keeps what it measured, and a re-run with the same file skips the ``(task, method, seed)`` rows it
+holds.
+
+Methods:
+
+* ``baseline``: the workload as its user wrote it.
+* ``fast_train``: the recipe, where it applies: it sets the optimizer and its schedule through
+  :class:`~lightning_speedups.optim.SpeedupMixin`, so a plain ``LightningModule`` with its own
+  ``configure_optimizers`` (every workload today) gets no row, and the table shows "n/a". Its probe is counted.
+* ``autotune_first``: :func:`~lightning_speedups.autotune.autotune` with an empty cache (its trials run), then
+  ``plan.apply`` and a run with the plan's callbacks, Trainer arguments and data.
+* ``autotune_cached``: the same with the cache the first run filled, so the trials are skipped.
+
+What a method spends before the fit (the recipe's probe, autotune's trials or cache read, ``plan.apply``; wall
+seconds) is the row's ``trial_s`` and is added to its ``time_to_target_s``. ``quality`` is the metric at the end of
+the planned run (not the best value, not the value at the target crossing), so a method that reaches the target
+sooner but ends worse shows it.
+
+Run: ``python -m lightning_speedups.benchmarks.workloads_bench --json docs/_data/workloads.json [--tasks a,b]
+[--methods baseline,autotune_first] [--seeds 0,1,2] [--no-bf16] [--quick]``, or
+``lightning-speedups bench --only workloads [--quick]``. Every run trains the planned length (the quality at the end
+is part of the result), so the full suite (7 tasks x 3 seeds x the 3 methods that apply to plain modules) takes about
+3 hours on 2 shared CPU cores, most of it the GPT and the sequence classifier; ``--quick`` about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
+from lightning_speedups.autotune import autotune
+from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.benchmarks._workloads_table import format_summary, summarize
+from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
+from lightning_speedups.benchmarks.workloads._registry import Workload
+from lightning_speedups.measure import machine_info
+from lightning_speedups.optim import SpeedupMixin
+from lightning_speedups.recipes import fast_train
+
+__all__ = ["METHODS", "QUICK_TASKS", "ROW_KEYS", "format_summary", "main", "run", "run_suite", "summarize"]
+
+METHODS = ("baseline", "fast_train", "autotune_first", "autotune_cached")
+QUICK_TASKS = ("tabular_mlp", "digits")  # a plain MLP and an image CNN (autotune's device-data path): a smoke test
+ROW_KEYS = ("task", "kind", "split", "method", "seed", "time_to_target_s", "quality", "metric", "machine", "trial_s",
+            "steps", "notes")  # fmt: skip
+SMALL_NOTE = "small build (smoke test: the target does not apply)"
+
+
+@dataclass
+class _Prepared:
+    """What a method trains: the workload (its build returning the prepared model and data), callbacks, Trainer
+    arguments, and the seconds it spent before the fit (counted in the time to target)."""
+
+    workload: Workload
+    callbacks: list[L.Callback] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    trial_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _build_seeded(w: Workload, seed: int, small: bool) -> tuple[L.LightningModule, Any]:
+    L.seed_everything(seed, workers=True, verbose=False)  # as time_to_target does: the baseline's initial weights
+    return w.build(seed, small=small)
+
+
+def _prebuilt(w: Workload, model: L.LightningModule, data: Any) -> Workload:
+    return replace(w, build=lambda seed, small=False: (model, data))
+
+
+class _TrainLoaderSwap(L.LightningDataModule):
+    """``source`` with its training loader replaced (a plan's ``train_dataloaders``), validation unchanged."""
+
+    def __init__(self, source: Any, train_loader: Any) -> None:
+        super().__init__()
+        self.source, self.train_loader = source, train_loader
+
+    def setup(self, stage: str) -> None:
+        self.source.setup(stage)
+
+    def train_dataloader(self) -> Any:
+        return self.train_loader
+
+    def val_dataloader(self) -> Any:
+        return self.source.val_dataloader()
+
+
+def _baseline(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
+    return _Prepared(w)
+
+
+def _fast_train(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
+    model, data = _build_seeded(w, seed, small)
+    if not isinstance(model, SpeedupMixin):
+        return (f"not applicable: {type(model).__name__} is a plain LightningModule with its own "
+                "configure_optimizers; fast_train sets the optimizer and schedule through SpeedupMixin")  # fmt: skip
+    planned = trainer_kwargs(w)
+    start = time.perf_counter()
+    recipe = fast_train(model=model, precision="32-true" if no_bf16 else "auto", cache_dir=str(cache_dir),
+                        **{k: v for k, v in planned.items() if k != "precision"})  # fmt: skip
+    recipe.apply(model)
+    return _Prepared(_prebuilt(w, model, data), list(recipe.callbacks), dict(recipe.trainer_kwargs),
+                     time.perf_counter() - start, list(recipe.notes))  # fmt: skip
+
+
+def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
+    def prepare(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
+        notes: list[str] = []
+        if not cached:
+            shutil.rmtree(cache_dir, ignore_errors=True)  # a first run on this machine: nothing cached
+        elif not any(cache_dir.rglob("*")):  # no first run here (resumed suite, or not selected): fill it, untimed
+            fill_model, fill_data = _build_seeded(w, seed, small)
+            autotune(fill_model, fill_data, cache_dir=str(cache_dir), no_bf16=no_bf16, **trainer_kwargs(w))
+            notes.append("the first run's cache was not there (resumed suite?): filled once, untimed")
+        model, data = _build_seeded(w, seed, small)
+        start = time.perf_counter()
+        plan = autotune(model, data, cache_dir=str(cache_dir), no_bf16=no_bf16, **trainer_kwargs(w))
+        plan.apply(model, data)
+        trial_s = time.perf_counter() - start
+        if cached and not plan.from_cache:
+            notes.append("the cache missed: trials ran again")
+        fit_data = plan.datamodule or (_TrainLoaderSwap(data, plan.train_dataloaders) if plan.train_dataloaders
+                                       is not None else data)  # fmt: skip
+        kept = [f"{c.name}={c.chosen}" for c in plan.choices if c.chosen not in (False, None, 1, "current")]
+        notes = [f"kept: {', '.join(kept) or 'nothing'}", *notes, *plan.notes]
+        return _Prepared(_prebuilt(w, model, fit_data), list(plan.callbacks), dict(plan.trainer_kwargs), trial_s,
+                         notes)  # fmt: skip
+
+    return prepare
+
+
+# method -> how it prepares a run; a string result says why the method does not apply (no row)
+_PREPARE: dict[str, Callable[..., _Prepared | str]] = {
+    "baseline": _baseline,
+    "fast_train": _fast_train,
+    "autotune_first": _autotune(cached=False),
+    "autotune_cached": _autotune(cached=True),
+}
+
+
+def _row(w: Workload, method: str, seed: int, result: dict[str, Any], prep: _Prepared, machine: dict[str, Any],
+         small: bool) -> dict[str, Any]:  # fmt: skip
+    hit = result["time_to_target_s"]
+    notes = [SMALL_NOTE] if small else []
+    return {
+        "task": w.name,
+        "kind": w.kind,
+        "split": w.split,
+        "method": method,
+        "seed": seed,
+        "time_to_target_s": None if hit is None else hit + prep.trial_s,
+        "quality": result["final"],
+        "metric": w.metric,
+        "machine": machine,
+        "trial_s": prep.trial_s,
+        "steps": result["steps"],
+        "notes": "; ".join([*notes, *prep.notes]),
+    }
+
+
+def _warm_up(w: Workload) -> None:
+    """Three steps and one validation of the small build, untimed: the process's one-time costs (lazy imports,
+    kernel selection, the first allocator growth) are then paid before the task's first measured run."""
+    warm = {
+        "max_epochs": 1,
+        "max_steps": 3,
+        "limit_train_batches": 3,
+        "limit_val_batches": 1,
+        "val_check_interval": 1.0,
+    }
+    time_to_target(w, 0, trainer_overrides=warm, small=True)
+
+
+def _echo(r: dict[str, Any]) -> None:
+    t = "target not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s to target"
+    quality = "-" if r["quality"] is None else f"{r['quality']:.4g}"
+    print(f"[workloads] {r['task']} {r['method']} seed {r['seed']}: {t} (trial {r['trial_s']:.1f} s), {r['metric']} "
+          f"{quality} at the end, {r['steps']} steps", flush=True)  # fmt: skip
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The whole list, written to a temporary file and moved over ``path`` (never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _read_rows(path: Path, small: bool) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())
+    if not isinstance(rows, list) or any(
+        not isinstance(r, dict) or not {"task", "method", "seed"} <= set(r) for r in rows
+    ):
+        raise SpeedupConfigError(f"`json_path`={str(path)!r} does not hold a list of workload rows. Allowed values: "
+                                 "a new path or a file this suite wrote.")  # fmt: skip
+    if any(str(r.get("notes", "")).startswith(SMALL_NOTE) != small for r in rows):
+        raise SpeedupConfigError(
+            f"`json_path`={str(path)!r} holds {'full' if small else 'small (quick)'} rows; `quick`={small} would mix "
+            "them. Allowed values: another path. HINT: keep the quick smoke test out of the suite's JSON."
+        )
+    return rows
+
+
+def _check(tasks: Sequence[str] | None, methods: Sequence[str], seeds: Sequence[int], quick: bool) -> list[Workload]:
+    check_bool("quick", quick)
+    for m in methods:
+        check_choice("methods", m, METHODS)
+    for s in seeds:
+        check_int("seeds", s, 0)
+    names = list(tasks) if tasks is not None else list(QUICK_TASKS if quick else list_workloads())
+    return [get_workload(n) for n in names]  # an unknown task raises here, listing the registered ones
+
+
+def run_suite(
+    tasks: Sequence[str] | None = None,
+    methods: Sequence[str] = METHODS,
+    seeds: Sequence[int] = (0, 1, 2),
+    json_path: str | os.PathLike[str] | None = None,
+    quick: bool = False,
+    no_bf16: bool = False,
+    echo: bool = True,
+) -> list[dict[str, Any]]:
+    """Train every ``(task, seed, method)`` once and return the rows (those already in ``json_path`` included).
+
+    Args:
+        tasks: registered workload names (default: all; with ``quick``, :data:`QUICK_TASKS`).
+        methods: a subset of :data:`METHODS`, run in this order for each seed.
+        seeds: the seeds (with ``quick``, only the first).
+        json_path: where the rows go, rewritten after each one; rows it already holds are skipped (resume).
+        quick: a smoke test: one seed, the workloads' ``small=True`` builds (their targets do not apply).
+        no_bf16: keep bf16 out of the recipe's and autotune's choices.
+        echo: print a line per row.
+
+    Returns:
+        Rows with the keys :data:`ROW_KEYS`: ``time_to_target_s`` (``None`` when not reached) includes ``trial_s``;
+        ``quality`` is the metric at the end of the planned run.
+
+    Raises:
+        SpeedupConfigError: an unknown task or method, a bad seed, or a ``json_path`` this suite did not write;
+            before any training.
+    """
+    workloads = _check(tasks, methods, seeds, quick)
+    seeds = list(seeds)[:1] if quick else list(seeds)
+    path = Path(json_path) if json_path is not None else None
+    rows = _read_rows(path, quick) if path is not None else []
+    done = {(r["task"], r["method"], r["seed"]) for r in rows}
+    machine = machine_info()
+    others = {str(r.get("machine", {}).get("cpu")) for r in rows} - {str(machine["cpu"])}
+    if others:  # ratios across machines mean little: say so, keep the rows
+        rank_zero_warn(f"`json_path` holds rows measured on {sorted(others)}; this run is on {machine['cpu']!r}")
+    cache_root = Path(tempfile.mkdtemp(prefix="ls_workloads_cache_"))
+    try:
+        for w in workloads:
+            if any((w.name, m, seed) not in done for m in methods for seed in seeds):
+                _warm_up(w)
+            for seed in seeds:
+                cache_dir = cache_root / f"{w.name}_seed{seed}"
+                for method in methods:
+                    if (w.name, method, seed) in done:
+                        continue
+                    prep = _PREPARE[method](w, seed, quick, no_bf16, cache_dir)
+                    if isinstance(prep, str):
+                        if echo:
+                            print(f"[workloads] {w.name} {method} seed {seed}: {prep}", flush=True)
+                        continue
+                    result = time_to_target(prep.workload, seed, callbacks=prep.callbacks,
+                                            trainer_overrides=prep.overrides, small=quick)  # fmt: skip
+                    rows.append(_row(w, method, seed, result, prep, machine, quick))
+                    if path is not None:
+                        _write_rows(path, rows)
+                    if echo:
+                        _echo(rows[-1])
+    finally:
+        shutil.rmtree(cache_root, ignore_errors=True)
+    names = {w.name for w in workloads}
+    return [r for r in rows if r["task"] in names and r["method"] in methods and r["seed"] in seeds]
+
+
+def run(
+    quick: bool = True,
+    no_bf16: bool = False,
+    tasks: Sequence[str] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    json_path: str | None = None,
+    echo: bool = True,
+) -> list[BenchRow]:
+    """The workload suite (each method vs the plain baseline, medians over seeds) as the bench runner's rows.
+
+    ``quick``: :data:`QUICK_TASKS`, one seed, small builds (a smoke test of the plumbing, about a minute).
+    """
+    rows = run_suite(tasks, METHODS, seeds, json_path, quick=quick, no_bf16=no_bf16, echo=echo)
+    summary = summarize(rows)
+    if echo:
+        print(format_summary(summary, rows))
+    out = []
+    by_key = {(s["task"], s["method"]): s for s in summary}
+    for s in summary:
+        base = by_key.get((s["task"], "baseline"))
+        if s["method"] == "baseline" or base is None:
+            continue
+        acc = s["metric"].endswith("acc")
+        ratio = s["ratio"] if s["ratio"] is not None else float("nan")
+        note = (
+            f"{s['reached']}/{s['n']} runs reached the target (baseline {base['reached']}/{base['n']}); "
+            f"{s['metric']} at the end: {s['quality']} vs {base['quality']}; trials {s['trial_s']:.1f} s counted"
+        )
+        out.append(BenchRow(
+            technique="workloads", variant=f"{s['method']} vs plain baseline ({s['task']}, {s['split']})",
+            metric=f"time to {s['metric']} target", baseline=_nan(base["median_s"]), candidate=_nan(s["median_s"]),
+            ratio=ratio, unit="s", accuracy_baseline=base["quality"] if acc else None,
+            accuracy_candidate=s["quality"] if acc else None, note=note,
+            extra={k: s[k] for k in ("ratio_min", "ratio_max") if s.get(k) is not None},
+        ))  # fmt: skip
+    return out
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def _names(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lightning_speedups.benchmarks.workloads_bench``: run the suite, print the summary as markdown."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The workload suite: baseline vs fast_train and autotune.")
+    parser.add_argument("--json", metavar="PATH", help="rows, rewritten after each one; a re-run resumes from it")
+    parser.add_argument(
+        "--tasks", metavar="NAMES", help=f"comma-separated workloads, from {', '.join(list_workloads())}"
+    )
+    parser.add_argument("--methods", metavar="NAMES", help=f"comma-separated, from {', '.join(METHODS)} (default all)")
+    parser.add_argument("--seeds", metavar="N,N", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--no-bf16", action="store_true", help="keep bf16 out of the recipe's and autotune's choices")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 2 tasks, one seed, small builds")
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in _names(args.seeds) or []]
+    except ValueError:
+        print(f"error: `--seeds`={args.seeds!r} is not a list of integers. Allowed values: e.g. 0,1,2", file=sys.stderr)
+        return 2
+    try:
+        rows = run_suite(_names(args.tasks), _names(args.methods) or METHODS, seeds, args.json, quick=args.quick,
+                         no_bf16=args.no_bf16)  # fmt: skip
+    except SpeedupConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_summary(summarize(rows), rows))
+    if args.json:
+        print(f"rows in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

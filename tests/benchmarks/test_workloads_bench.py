@@ -1,0 +1,221 @@
+"""The workload suite bench: rows, row-by-row JSON, resume, medians and ratios, errors (a fake, instant trainer)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups.autotune import TunePlan
+from lightning_speedups.benchmarks import workloads_bench as wb
+from lightning_speedups.benchmarks._workloads_table import does_not_help
+from lightning_speedups.benchmarks.runner import _select, run_benchmarks
+from lightning_speedups.benchmarks.workloads import _registry, get_workload
+from lightning_speedups.recipes import Recipe
+
+
+class _FakeTrainer:
+    """Stands in for ``time_to_target``: instant, a time per (method, seed), raises on call number ``fail_on``."""
+
+    def __init__(self, times: dict[tuple[str, int], float | None] | None = None, fail_on: int | None = None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.times, self.fail_on = times or {}, fail_on
+        self.method = "baseline"
+        self.warm_ups: list[str] = []
+
+    def __call__(self, workload, seed=0, callbacks=(), trainer_overrides=None, small=False, stop_at_target=False):
+        self.calls.append({"workload": workload, "seed": seed, "callbacks": list(callbacks),
+                           "overrides": dict(trainer_overrides or {}), "small": small})  # fmt: skip
+        if self.fail_on is not None and len(self.calls) == self.fail_on:
+            raise KeyboardInterrupt("interrupted")
+        t = self.times.get((self.method, seed), 10.0 + seed)
+        return {"time_to_target_s": t, "final": 0.9 + 0.01 * seed, "steps": 7}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> _FakeTrainer:
+    """The fake trainer, a fake autotune (an empty plan, 2 s of trials on the first run) and a tiny workload."""
+    trainer = _FakeTrainer()
+    monkeypatch.setattr(wb, "time_to_target", trainer)
+    autotune_calls: list[dict[str, Any]] = []
+
+    def fake_autotune(model, data, cache_dir=None, no_bf16=False, **kwargs):
+        cached = (Path(cache_dir) / "plan").exists()
+        autotune_calls.append({"cache_dir": cache_dir, "cached": cached, "no_bf16": no_bf16, "kwargs": kwargs})
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cache_dir) / "plan").write_text("{}")
+        plan = TunePlan(settings={}, choices=[], trainer_kwargs={**kwargs, "precision": "32-true"},
+                        notes=["a plan note"], from_cache=cached)  # fmt: skip
+        return plan
+
+    def wrap(method, prepare):  # the method under way, so the fake trainer knows which time to report
+        def inner(*args):
+            trainer.method = method
+            return prepare(*args)
+
+        return inner
+
+    monkeypatch.setattr(wb, "autotune", fake_autotune)
+    monkeypatch.setattr(wb, "_warm_up", lambda w: trainer.warm_ups.append(w.name))
+    monkeypatch.setattr(wb, "_PREPARE", {m: wrap(m, p) for m, p in wb._PREPARE.items()})
+    trainer.autotune_calls = autotune_calls  # type: ignore[attr-defined]
+    tiny = replace(get_workload("tabular_mlp"), name="tiny", split="dev")
+    monkeypatch.setitem(_registry._WORKLOADS, "tiny", tiny)
+    return trainer
+
+
+def test_workloads_bench_rows_and_keys(fake: _FakeTrainer, tmp_path) -> None:
+    rows = wb.run_suite(["tiny"], seeds=(0, 1), json_path=tmp_path / "w.json", echo=False)
+    # fast_train does not apply to a plain LightningModule: no row
+    assert [(r["method"], r["seed"]) for r in rows] == [
+        ("baseline", 0), ("autotune_first", 0), ("autotune_cached", 0),
+        ("baseline", 1), ("autotune_first", 1), ("autotune_cached", 1),
+    ]  # fmt: skip
+    for r in rows:
+        assert tuple(r) == wb.ROW_KEYS
+        assert (r["task"], r["kind"], r["split"], r["metric"], r["steps"]) == ("tiny", "tabular", "dev", "val_acc", 7)
+        assert r["machine"]["torch"] and r["quality"] == pytest.approx(0.9 + 0.01 * r["seed"])
+    first = rows[1]
+    assert first["trial_s"] > 0 and first["time_to_target_s"] == pytest.approx(10.0 + first["trial_s"])
+    assert "kept: nothing" in first["notes"] and "a plan note" in first["notes"]
+    # the cached run reads the first run's cache dir; each seed starts with an empty one
+    calls = fake.autotune_calls  # type: ignore[attr-defined]
+    assert [c["cached"] for c in calls] == [False, True, False, True]
+    assert calls[0]["cache_dir"] == calls[1]["cache_dir"] != calls[2]["cache_dir"]
+    assert calls[0]["kwargs"]["max_epochs"] == 30 and calls[0]["kwargs"]["accelerator"] == "cpu"
+    assert fake.calls[1]["overrides"]["precision"] == "32-true"
+    assert json.loads((tmp_path / "w.json").read_text()) == json.loads(json.dumps(rows))
+    assert fake.warm_ups == ["tiny"]  # once per task, before its first measured run
+
+
+def test_workloads_bench_writes_each_row_and_resumes(fake: _FakeTrainer, tmp_path) -> None:
+    path = tmp_path / "w.json"
+    fake.fail_on = 3
+    with pytest.raises(KeyboardInterrupt):
+        wb.run_suite(["tiny"], methods=("baseline",), seeds=(0, 1, 2), json_path=path, echo=False)
+    assert [r["seed"] for r in json.loads(path.read_text())] == [0, 1]  # the rows measured before the interrupt
+    assert not (tmp_path / "w.json.tmp").exists()
+    fake.fail_on, fake.calls = None, []
+    rows = wb.run_suite(["tiny"], methods=("baseline",), seeds=(0, 1, 2), json_path=path, echo=False)
+    assert [c["seed"] for c in fake.calls] == [2]  # only the missing row trained
+    fake.warm_ups = []
+    wb.run_suite(["tiny"], methods=("baseline",), seeds=(0, 1, 2), json_path=path, echo=False)
+    assert fake.warm_ups == [] and len(fake.calls) == 1  # nothing left to measure: no warm-up either
+    assert [r["seed"] for r in rows] == [0, 1, 2] and len(json.loads(path.read_text())) == 3
+
+
+def test_workloads_bench_resume_keeps_other_rows_and_refills_cache(fake: _FakeTrainer, tmp_path) -> None:
+    path = tmp_path / "w.json"
+    wb.run_suite(["tiny"], methods=("baseline", "autotune_first"), seeds=(0,), json_path=path, echo=False)
+    rows = wb.run_suite(["tiny"], methods=("autotune_cached",), seeds=(0,), json_path=path, echo=False)
+    assert [r["method"] for r in rows] == ["autotune_cached"]  # returns the selection
+    assert [r["method"] for r in json.loads(path.read_text())] == ["baseline", "autotune_first", "autotune_cached"]
+    assert "filled once, untimed" in rows[0]["notes"]  # a new process: the first run's cache was gone
+
+
+def test_workloads_bench_misconfiguration(fake: _FakeTrainer, tmp_path) -> None:
+    with pytest.raises(SpeedupConfigError, match=r"`workload`='nope' is not registered\. Allowed values: .*'tiny'"):
+        wb.run_suite(["tiny", "nope"], echo=False)
+    with pytest.raises(SpeedupConfigError, match=r"`methods`='fastest' is not supported"):
+        wb.run_suite(["tiny"], methods=("baseline", "fastest"), echo=False)
+    with pytest.raises(SpeedupConfigError, match=r"`seeds`"):
+        wb.run_suite(["tiny"], seeds=(-1,), echo=False)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": []}')
+    with pytest.raises(SpeedupConfigError, match=r"does not hold a list of workload rows"):
+        wb.run_suite(["tiny"], json_path=bad, echo=False)
+    full = tmp_path / "full.json"
+    wb.run_suite(["tiny"], methods=("baseline",), seeds=(0,), json_path=full, echo=False)
+    with pytest.raises(SpeedupConfigError, match=r"holds full rows; `quick`=True would mix them"):
+        wb.run_suite(["tiny"], json_path=full, quick=True, echo=False)
+    assert len(fake.calls) == 1  # every error before any training
+    assert wb.main(["--tasks", "nope"]) == 2
+
+
+def test_workloads_bench_quick_is_one_seed_small(fake: _FakeTrainer) -> None:
+    rows = wb.run_suite(["tiny"], methods=("baseline",), seeds=(3, 4), quick=True, echo=False)
+    assert [r["seed"] for r in rows] == [3] and fake.calls[0]["small"] is True
+    assert rows[0]["notes"].startswith(wb.SMALL_NOTE)
+
+
+def test_workloads_bench_fast_train_where_it_applies(fake: _FakeTrainer, monkeypatch) -> None:
+    from lightning_speedups.demo import DemoClassifier
+
+    tiny = get_workload("tiny")
+    monkeypatch.setitem(_registry._WORKLOADS, "tiny", replace(tiny, build=lambda seed, small=False: (
+        DemoClassifier(width=4), tiny.build(seed, small)[1])))  # fmt: skip
+
+    def fake_fast_train(model=None, precision="auto", cache_dir=None, **kwargs):
+        return Recipe("fast_train", [], {**kwargs, "precision": precision}, notes=["probe"])
+
+    monkeypatch.setattr(wb, "fast_train", fake_fast_train)
+    rows = wb.run_suite(["tiny"], methods=("fast_train",), seeds=(0,), no_bf16=True, echo=False)
+    assert [r["method"] for r in rows] == ["fast_train"] and rows[0]["notes"] == "probe"
+    assert fake.calls[0]["overrides"]["precision"] == "32-true"
+
+
+def _rows(times: dict[tuple[str, int], float | None], quality: dict[str, float]) -> list[dict[str, Any]]:
+    return [dict(task="gpt_stdlib", kind="transformer_lm", split="held_out", method=m, seed=s, time_to_target_s=t,
+                 quality=quality[m], metric="val_loss", trial_s=1.0 if m != "baseline" else 0.0,
+                 machine={"cpu": "x"}, steps=5, notes="")
+            for (m, s), t in times.items()]  # fmt: skip
+
+
+def test_workloads_bench_summarize_medians_and_ratios() -> None:
+    times = {("baseline", 0): 10.0, ("baseline", 1): 12.0, ("baseline", 2): 20.0,
+             ("autotune_first", 0): 5.0, ("autotune_first", 1): 6.0, ("autotune_first", 2): None,
+             ("autotune_cached", 0): None, ("autotune_cached", 1): None, ("autotune_cached", 2): 4.0}  # fmt: skip
+    quality = {"baseline": 2.90, "autotune_first": 2.905, "autotune_cached": 2.95}
+    summary = {s["method"]: s for s in wb.summarize(_rows(times, quality))}
+    base, first, cached = summary["baseline"], summary["autotune_first"], summary["autotune_cached"]
+    assert (base["median_s"], base["min_s"], base["max_s"], base["reached"]) == (12.0, 10.0, 20.0, 3)
+    assert base["ratio"] == 1.0
+    # a missed run counts as infinitely slow: median of (5, 6, inf) = 6
+    assert (first["median_s"], first["reached"], first["n"]) == (6.0, 2, 3)
+    assert first["ratio"] == pytest.approx(2.0) and (first["ratio_min"], first["ratio_max"]) == (2.0, 2.0)
+    assert cached["median_s"] is None and cached["ratio"] is None and cached["ratio_max"] == 5.0
+    assert first["mode"] == "min" and first["target"] == 3.0 and first["quality"] == 2.905
+    assert does_not_help(first, base) is None  # 0.005 more loss: within 0.01
+    assert does_not_help(cached, base) == "target missed"
+    table = wb.format_summary(wb.summarize(_rows(times, quality)))
+    line = next(x for x in table.splitlines() if x.startswith("| gpt_stdlib"))
+    assert "12.0 s [10.0-20.0]" in line and "6.0 s (2/3 reached), 2.00x" in line and "| n/a |" in line
+    assert "autotune_cached: target missed" in line
+
+
+def test_workloads_bench_does_not_help_on_accuracy() -> None:
+    base = {"ratio": 1.0, "median_s": 10.0, "quality": 0.90, "mode": "max"}
+    assert does_not_help({**base, "ratio": 0.8, "median_s": 12.5}, base) == "slower (0.80x)"
+    assert does_not_help({**base, "ratio": 1.5, "quality": 0.894}, base).startswith("worse end")
+    assert does_not_help({**base, "ratio": 1.5, "quality": 0.896}, base) is None
+
+
+def test_workloads_bench_in_the_runner(monkeypatch) -> None:
+    assert "workloads" not in _select(None, None)  # hours in full mode: only when named
+    assert _select(["workloads", "ema"], None) == ["ema", "workloads"]
+    with pytest.raises(SpeedupConfigError, match=r"`technique`='nope' is not registered\..*'workloads'"):
+        _select(["nope"], None)
+    seen = {}
+    monkeypatch.setattr(wb, "run", lambda quick=True, no_bf16=False: seen.update(quick=quick, no_bf16=no_bf16) or [])
+    rows, errors = run_benchmarks(quick=True, only=["workloads"], echo=False, no_bf16=True)
+    assert (rows, errors, seen) == ([], {}, {"quick": True, "no_bf16": True})
+
+
+def test_workloads_bench_run_gives_bench_rows(fake: _FakeTrainer) -> None:
+    fake.times = {("autotune_first", 0): 4.0, ("autotune_cached", 0): 5.0}
+    rows = wb.run(quick=False, tasks=["tiny"], seeds=(0,), echo=False)
+    assert [r.variant for r in rows] == ["autotune_first vs plain baseline (tiny, dev)",
+                                         "autotune_cached vs plain baseline (tiny, dev)"]  # fmt: skip
+    assert rows[1].technique == "workloads" and rows[1].baseline == 10.0 and rows[1].accuracy_candidate == 0.9
+    assert rows[1].ratio == pytest.approx(10.0 / rows[1].candidate)
+
+
+def test_workloads_bench_real_smoke(tmp_path) -> None:
+    """One real, small run: the baseline of the tabular task (a few seconds), through the real time_to_target."""
+    rows = wb.run_suite(["tabular_mlp"], methods=("baseline",), json_path=tmp_path / "w.json", quick=True, echo=False)
+    assert len(rows) == 1 and rows[0]["steps"] > 0 and 0.0 <= rows[0]["quality"] <= 1.0
+    assert json.loads((tmp_path / "w.json").read_text())[0]["task"] == "tabular_mlp"
