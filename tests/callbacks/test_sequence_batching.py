@@ -204,3 +204,30 @@ def test_sequence_batching_ddp_two_ranks(tmp_path):
     assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) > 0  # the same number of steps on both ranks
     # together the ranks cover the epoch (a completed last step may repeat a few samples)
     assert sum(len(b) for r in ranks for b in r["seen"]) >= 96
+
+
+def test_sequence_batching_hugging_face_bert_dynamic_padding():
+    """A public architecture nobody here wrote: a tiny BERT (offline config) in a plain LightningModule."""
+    transformers = pytest.importorskip("transformers")
+
+    class Bert(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, max_position_embeddings=128, num_labels=2)
+            self.model = transformers.BertForSequenceClassification(config)
+            self.shapes: list[tuple[int, int]] = []
+
+        def training_step(self, batch, batch_idx):
+            self.shapes.append(tuple(batch["input_ids"].shape))
+            ids, mask = batch["input_ids"], batch["attention_mask"]
+            return self.model(input_ids=ids, attention_mask=mask, labels=batch["label"]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    model, cb = Bert(), SequenceBatching("length_grouped", multiple_of=8)
+    _trainer([cb], max_steps=6).fit(model, _loader(batch_size=16))
+    assert len(model.shapes) == 6
+    assert all(b <= 16 and length % 8 == 0 and length <= 120 for b, length in model.shapes)
+    assert len({length for _, length in model.shapes}) > 1  # each batch padded to its own longest sample
