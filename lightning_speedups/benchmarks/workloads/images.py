@@ -13,11 +13,12 @@ import lightning as L
 import torch
 import torchmetrics
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
 from lightning_speedups.demo import DigitsDataModule, ShapesDataModule
+from lightning_speedups.demo.data import _TransformDataset  # the demo's per-sample dataset, as benchmarks/data.py uses
 
 __all__ = ["ImageClassifier", "TexturesDataModule", "draw_textures", "small_cnn"]
 
@@ -133,19 +134,6 @@ def draw_textures(n: int, seed: int, size: int = 32, noise: float = 0.25) -> tup
     return (img.clamp(0, 1) * 255).round().to(torch.uint8), labels
 
 
-class _ImageSet(Dataset):
-    """uint8 images with a per-sample transform, as a user's ``Dataset.__getitem__`` does it."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: v2.Transform) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.transform(self.images[idx]), self.labels[idx]
-
-
 class TexturesDataModule(L.LightningDataModule):
     """:func:`draw_textures` images with CIFAR-style per-sample augmentation (pad-4 crop, flip, normalize)."""
 
@@ -157,8 +145,8 @@ class TexturesDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
         train_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), *norm])
-        self.train_set = _ImageSet(*draw_textures(self.n_train, self.seed), train_tf)
-        self.val_set = _ImageSet(*draw_textures(self.n_val, self.seed + 10_000), v2.Compose(norm))
+        self.train_set = _TransformDataset(*draw_textures(self.n_train, self.seed), train_tf)
+        self.val_set = _TransformDataset(*draw_textures(self.n_val, self.seed + 10_000), v2.Compose(norm))
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
