@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
@@ -119,6 +122,7 @@ class SequenceBatching(Callback):
         self.loader: SequenceLoader | None = None
         self._source: DataLoader | None = None
         self._pack_problem: str | None = None
+        self._tuple_mask = True
         self._consumed = 0
         self._restored: dict[str, Any] | None = None
 
@@ -136,6 +140,7 @@ class SequenceBatching(Callback):
         self._source = check_sequence_loader(loader)
         dataset = self._source.dataset
         token_tensor(dataset[0])  # image or other non-token data raises here, naming what it found
+        self._tuple_mask = self._keeps_arity(dataset)
         found = sequence_lengths(dataset, self._given_lengths)
         self.lengths = found.lengths
         if found.source == "read":
@@ -147,6 +152,8 @@ class SequenceBatching(Callback):
             )
         if self.strategy == "token_budget":
             self._sampler("token_budget")  # a budget below the longest sample raises here
+        if self.strategy != "auto":  # auto runs the step on every candidate's batches anyway
+            self._trial_step(trainer, pl_module, self.strategy)
         self._pack_problem = None
         if self.block_size is not None and self.strategy in ("packed", "auto"):
             docs = [token_tensor(dataset[i]) for i in range(min(2, len(dataset)))]
@@ -168,7 +175,42 @@ class SequenceBatching(Callback):
         if strategy == "packed":
             assert self.block_size is not None
             return pack_collate(self.block_size, self.pad_value)
-        return pad_collate(self.pad_value, self.multiple_of)
+        return pad_collate(self.pad_value, self.multiple_of, tuple_mask=self._tuple_mask)
+
+    def _trial_step(self, trainer: L.Trainer, pl_module: L.LightningModule, strategy: str) -> None:
+        """Run ``training_step`` once, without gradients, on a copy of the module and a batch of ``strategy``, so a
+        module that cannot take the new batches is refused at ``setup()``, not at its first real step."""
+        if strategy == "packed":  # packing_problem runs the model on packed rows itself
+            return
+        assert self._source is not None
+        indices = self._sampler(strategy).batches()[0]
+        batch = self._collate(strategy)([self._source.dataset[i] for i in indices])
+        model = training_copy(pl_module, trainer)
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.training_step(move_data_to_device(batch, trainer.strategy.root_device), 0)
+        except Exception as err:  # noqa: BLE001  (any failure means: this module cannot train on these batches)
+            raise SpeedupConfigError(
+                f"`strategy`={strategy!r}: `{type(pl_module).__name__}.training_step` failed on a {strategy} batch "
+                f"({type(err).__name__}: {err}). Allowed values: a module whose training_step takes batches padded "
+                "per batch (per-token labels padded with -100, tuples of the sample's arity). HINT: check how the "
+                "step uses padded fields, or pass `pad_value`."
+            ) from err
+        finally:
+            del model
+
+    def _keeps_arity(self, dataset: Any) -> bool:
+        """Whether tuple batches may gain an ``attention_mask``: not when the user's own collate gives tuples of the
+        sample's arity (a ``training_step`` that unpacks ``x, y = batch`` must keep working)."""
+        assert self._source is not None
+        samples = [dataset[i] for i in range(min(2, len(dataset)))]
+        try:
+            theirs = self._source.collate_fn(samples)
+        except Exception:  # noqa: BLE001  (e.g. default_collate cannot stack tokens of different lengths)
+            return True
+        ours = pad_collate(self.pad_value, self.multiple_of)(samples)
+        return not (isinstance(theirs, (tuple, list)) and isinstance(ours, tuple) and len(theirs) != len(ours))
 
     # ------------------------------------------------------------------ fit start: choose and swap the loader
     @override

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import default_collate
 
-from lightning_speedups._errors import SpeedupConfigError, check_int
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
 from lightning_speedups.data._sampler_base import check_lengths
 
 __all__ = [
@@ -89,11 +89,13 @@ class PadCollate:
     pad_value: int = 0
     multiple_of: int = 8
     label_pad_value: int = IGNORE_INDEX
+    tuple_mask: bool = True
 
     def __post_init__(self) -> None:
         check_int("pad_value", self.pad_value)
         check_int("multiple_of", self.multiple_of, 1)
         check_int("label_pad_value", self.label_pad_value)
+        check_bool("tuple_mask", self.tuple_mask)
 
     def __call__(self, samples: Sequence[Any]) -> Any:
         if not samples:
@@ -117,7 +119,7 @@ class PadCollate:
                 out[name] = self._field([s[name] for s in samples], lengths, longest, name == "labels")
             return out
         rest = [self._field([s[j] for s in samples], lengths, longest, True) for j in range(1, len(first))]
-        return (input_ids, *rest, mask)
+        return (input_ids, *rest, mask) if self.tuple_mask else (input_ids, *rest)
 
     def _field(self, values: list[Any], lengths: list[int], longest: int, is_label: bool) -> Any:
         """A per-token field (1-D, as long as the tokens) is padded; anything else goes to ``default_collate``."""
@@ -127,7 +129,9 @@ class PadCollate:
         return default_collate(values)
 
 
-def pad_collate(pad_value: int = 0, multiple_of: int = 8, *, label_pad_value: int = IGNORE_INDEX) -> PadCollate:
+def pad_collate(
+    pad_value: int = 0, multiple_of: int = 8, *, label_pad_value: int = IGNORE_INDEX, tuple_mask: bool = True
+) -> PadCollate:
     """A ``collate_fn`` that pads each batch to its own longest sample (rounded up to ``multiple_of``).
 
     From samples that are 1-D token tensors, dicts (tokens under ``input_ids``) or tuples (tokens first), it builds
@@ -135,12 +139,14 @@ def pad_collate(pad_value: int = 0, multiple_of: int = 8, *, label_pad_value: in
     fields pass through: per-token ones (1-D, as long as the sample's tokens) are padded too, ``labels`` (and, in
     tuples, every per-token field after the tokens) with ``label_pad_value`` so ``cross_entropy`` skips them; the
     rest go through ``default_collate``. Dicts come back as dicts with the two keys first; tuples come back as
-    ``(input_ids, *other fields, attention_mask)``; bare tensors as a dict.
+    ``(input_ids, *other fields, attention_mask)``, or with ``tuple_mask=False`` as ``(input_ids, *other fields)``
+    (the arity a ``training_step`` that unpacks ``x, y = batch`` expects); bare tensors as a dict.
 
     Args:
         pad_value: the token id used for padding.
         multiple_of: the padded length is rounded up to this (8 suits tensor cores and vector units).
         label_pad_value: the value per-token labels are padded with.
+        tuple_mask: append the ``attention_mask`` to tuple batches.
 
     Raises:
         SpeedupConfigError: ``multiple_of`` < 1, or (when called) samples without a token tensor.
@@ -153,7 +159,8 @@ def pad_collate(pad_value: int = 0, multiple_of: int = 8, *, label_pad_value: in
         >>> batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["label"].tolist()
         ([[5, 6, 0, 0], [7, 0, 0, 0]], [[1, 1, 0, 0], [1, 0, 0, 0]], [1, 0])
     """
-    return PadCollate(pad_value=pad_value, multiple_of=multiple_of, label_pad_value=label_pad_value)
+    return PadCollate(pad_value=pad_value, multiple_of=multiple_of, label_pad_value=label_pad_value,
+                      tuple_mask=tuple_mask)
 
 
 def pack_sequences(

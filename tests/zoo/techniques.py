@@ -151,6 +151,7 @@ _NO_CONV = ("bert", "bert_mixin", "boring", "lightning_transformer")
 _NO_IMAGES = _NO_CONV  # batches without 4-D float tensors: nothing to resize
 _FIXED_SIZE = ("vit", "vit_mixin", "timm_vit_tiny", "convnext_tiny")  # fail at 16x16: fixed position embeddings; 1x1
 _NO_CE = ("boring", "lightning_transformer")  # MSE / nll_loss: no cross-entropy to smooth
+_TOKEN_DATA = ("bert", "bert_mixin", "lightning_transformer")  # samples hold 1-D integer token tensors
 _OWN_SCHEDULER = tuple(a for a in ARCHS if a != "lightning_transformer")  # configure_optimizers returns a StepLR
 _NO_LR_ATTR = ("boring", "lightning_transformer")  # Lightning's demos hard-code lr=0.1 in configure_optimizers
 _NO_HEAD = ("boring", "lightning_transformer")  # no submodule named fc / classifier / head(s)
@@ -172,6 +173,12 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
     ("*", "compile+pruning"): Refused(r"(?i)TorchCompile", names_module=False),
     **{(a, "progressive_resizing"): Refused(r"(?i)image|4-D|resiz") for a in _NO_IMAGES},
     **{(a, "progressive_resizing"): Refused(r"(?i)fails on|smaller|size") for a in _FIXED_SIZE},
+    # sequence batching is for token data: image and vector batches are refused at setup (the data, not the model)
+    **{(a, "sequence_batching"): Refused(r"(?i)no token tensor", names_module=False) for a in ARCHS
+       if a not in _TOKEN_DATA},
+    # Lightning's demo Transformer embeds its (inputs, target) targets as decoder inputs: padded targets (-100, as
+    # per-token labels are padded) cannot be embedded, which the callback's trial step finds at setup
+    ("lightning_transformer", "sequence_batching"): Refused(r"(?i)training_step` failed on a"),
 }
 
 
