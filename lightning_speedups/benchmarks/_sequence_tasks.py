@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from lightning_speedups._tokens import count_tokens
 from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs
 from lightning_speedups.benchmarks.workloads.text_lm import CausalBlock
 from lightning_speedups.data import (
@@ -269,9 +270,10 @@ def collated(dataset: Any, collate: Any, batch: Sequence[int]) -> Any:
 
 
 def real_tokens(batch: Any) -> int:
-    """The non-pad tokens of a collated batch (a dict with ``input_ids``, or a tuple with the tokens first)."""
-    ids = batch["input_ids"] if isinstance(batch, dict) else batch[0]
-    return int((ids != PAD).sum())
+    """The non-pad tokens of a collated batch, counted as TokenThroughput counts them."""
+    count = count_tokens(batch, pad_value=PAD)
+    assert count is not None, "a sequence batch holds a token tensor"
+    return count.tokens
 
 
 # ------------------------------------------------------------------------------------------ models

@@ -26,6 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._tokens import token_ids
 from lightning_speedups.data.padding import pack_sequences, pad_collate
 from lightning_speedups.data.samplers import (
     LengthGroupedSampler,
@@ -35,7 +36,6 @@ from lightning_speedups.data.samplers import (
 )
 
 __all__ = [
-    "batch_tokens",
     "batching_sampler",
     "check_sequence_loader",
     "estimate_batchings",
@@ -106,15 +106,6 @@ def packing_problem(pl_module: nn.Module, trainer: Any, docs: Sequence[Tensor]) 
             "keeps packed documents apart only without a KV cache (`model.config.use_cache = False`)"
         )
     return None
-
-
-def batch_tokens(batch: Any) -> int:
-    """The padded token count of a collated batch (the numel of its ``input_ids``, or of its first tensor)."""
-    if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), Tensor):
-        return batch["input_ids"].numel()
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], Tensor):
-        return batch[0].numel()
-    return batch.numel() if isinstance(batch, Tensor) else 0
 
 
 def _step_seconds(model: nn.Module, batch: Any, repeats: int) -> float:
@@ -212,12 +203,18 @@ def padded_tokens(lengths: Sequence[int], batch: Sequence[int], multiple_of: int
     return math.ceil(max(lengths[i] for i in batch) / multiple_of) * multiple_of * len(batch)
 
 
+def _padded(batch: Any) -> int:
+    """The positions of a collated batch's token tensor (0 when it holds none)."""
+    ids = token_ids(batch)
+    return 0 if ids is None else ids.numel()
+
+
 def loader_epoch_seconds(model: nn.Module, device: torch.device, loader: Any, probes: int = 3) -> float:
     """Estimated seconds of training steps for one epoch of ``loader`` as it is, from its first ``probes`` batches."""
     it = iter(loader)
     first = [next(it) for _ in range(min(probes, len(loader)))]
     per_batch = estimate_epoch_seconds(model, device, [[i] for i in range(len(first))], lambda i: first[i[0]],
-                                       [batch_tokens(b) for b in first], probes=len(first)) / len(first)
+                                       [_padded(b) for b in first], probes=len(first)) / len(first)
     return per_batch * len(loader)
 
 

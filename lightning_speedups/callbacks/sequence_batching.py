@@ -186,10 +186,12 @@ class SequenceBatching(Callback):
         indices = self._sampler(strategy).batches()[0]
         batch = self._collate(strategy)([self._source.dataset[i] for i in indices])
         model = training_copy(pl_module, trainer)
+        # setup() runs before the strategy moves the module: the batch goes where the copy's weights are
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model.training_step(move_data_to_device(batch, trainer.strategy.root_device), 0)
+                model.training_step(move_data_to_device(batch, device), 0)
         except Exception as err:  # noqa: BLE001  (any failure means: this module cannot train on these batches)
             raise SpeedupConfigError(
                 f"`strategy`={strategy!r}: `{type(pl_module).__name__}.training_step` failed on a {strategy} batch "

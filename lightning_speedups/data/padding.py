@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import default_collate
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
+from lightning_speedups._tokens import IGNORE_INDEX, TOKEN_KEYS
 from lightning_speedups.data._sampler_base import check_lengths
 
 __all__ = [
@@ -38,8 +39,6 @@ __all__ = [
     "token_tensor",
 ]
 
-IGNORE_INDEX = -100  # what cross_entropy skips by default
-_TOKEN_KEYS = ("input_ids", "tokens", "input", "x")
 
 
 def _as_tokens(value: Any) -> Tensor | None:
@@ -58,14 +57,14 @@ def token_tensor(sample: Any) -> Tensor:
     if isinstance(sample, Tensor):
         found = _as_tokens(sample)
     elif isinstance(sample, Mapping):
-        key = next((k for k in _TOKEN_KEYS if k in sample), None)
+        key = next((k for k in TOKEN_KEYS if k in sample), None)
         found = _as_tokens(sample[key]) if key is not None else None
     elif isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) > 0:
         found = _as_tokens(sample[0])
     if found is None:
         raise SpeedupConfigError(
             f"a sample of type {type(sample).__name__} holds no token tensor. Allowed values: a 1-D integer tensor, "
-            f"a dict with one under {' / '.join(map(repr, _TOKEN_KEYS))}, or a tuple whose first item is one. "
+            f"a dict with one under {' / '.join(map(repr, TOKEN_KEYS))}, or a tuple whose first item is one. "
             "HINT: sequence batching is for token data; image data keeps the default collate."
         )
     return found
@@ -111,7 +110,7 @@ class PadCollate:
         if isinstance(first, Tensor):
             return {"input_ids": input_ids, "attention_mask": mask}
         if isinstance(first, Mapping):
-            key = next(k for k in _TOKEN_KEYS if k in first)
+            key = next(k for k in TOKEN_KEYS if k in first)
             out: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask}
             for name in first:
                 if name in (key, "attention_mask"):
