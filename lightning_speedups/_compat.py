@@ -394,3 +394,15 @@ def undo_lr_find_debias(losses: list[float], beta: float = 0.98) -> list[float]:
     Lightning still smooths this way.
     """
     return [x * (1 - beta ** (k + 2)) / (1 - beta ** (k + 1)) for k, x in enumerate(losses)]
+
+
+def is_weight_norm(parametrization: Any) -> bool:
+    """True for the parametrization that ``torch.nn.utils.parametrizations.weight_norm`` registers.
+
+    Relies on: ``torch.nn.utils.parametrizations._WeightNorm`` (torch 2.1 - 2.14), whose ``forward(weight_g,
+    weight_v)`` computes ``torch._weight_norm(weight_v, weight_g, dim)``; its ``right_inverse`` stores ``g`` and ``v``
+    as ``original0`` and ``original1``. Masks fold into that pair when cleaned or made permanent.
+    """
+    from torch.nn.utils.parametrizations import _WeightNorm
+
+    return isinstance(parametrization, _WeightNorm)

@@ -15,6 +15,7 @@ freshly built model. The hook runs before the strict ``load_state_dict``:
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "CHECKPOINT_KEY",
     "ModuleSnapshot",
     "apply_structure_records",
+    "keep_metadata",
     "load_checkpoint",
     "register_state_dict_cleaner",
     "register_structure_hook",
@@ -46,10 +48,34 @@ def register_state_dict_cleaner(fn: Callable[[dict[str, Any]], dict[str, Any]]) 
         _CLEANERS.append(fn)
 
 
-def _clean_state_dict(state: dict[str, Any]) -> dict[str, Any]:
+def keep_metadata(
+    source: Mapping[str, Any], state: Mapping[str, Any], drop: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
+    """``state`` as an ``OrderedDict`` that carries ``source``'s ``_metadata``, without the prefixes ``drop`` rejects.
+
+    ``_metadata`` maps module prefixes to ``{"version": ...}``, which ``_load_from_state_dict`` reads (BatchNorm, and
+    modules that refuse a state dict without a version); a plain ``dict(state_dict)`` copy loses it.
+
+    Example::
+
+        >>> sd = nn.BatchNorm1d(2).state_dict()
+        >>> keep_metadata(sd, dict(sd))._metadata[""]["version"]
+        2
+    """
+    out: dict[str, Any] = OrderedDict(state)
+    metadata = getattr(source, "_metadata", None)
+    if metadata is not None:
+        kept = {k: dict(v) for k, v in metadata.items() if drop is None or not drop(k)}
+        out._metadata = OrderedDict(kept)  # type: ignore[attr-defined]
+    return out
+
+
+def _clean_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
+    out = keep_metadata(state, state)
     for fn in _CLEANERS:
-        state = fn(state)
-    return state
+        cleaned = fn(out)
+        out = cleaned if hasattr(cleaned, "_metadata") else keep_metadata(out, cleaned)  # a cleaner may drop it
+    return out
 
 
 def register_structure_hook(key: str, hook: Callable[[nn.Module, Any], None]) -> None:
@@ -173,7 +199,7 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool
     snapshot = ModuleSnapshot(model)
     try:
         apply_structure_records(model, checkpoint)
-        result = model.load_state_dict(_clean_state_dict(dict(state)), strict=strict)
+        result = model.load_state_dict(_clean_state_dict(state), strict=strict)
     except Exception as err:
         snapshot.restore()
         model.__dict__.pop(_APPLIED_ATTR, None)

@@ -47,8 +47,14 @@ class FineTuneConfig:
             self.backbone = list(b)
         check_int("unfreeze_at_epoch", self.unfreeze_at_epoch, 0, optional=True)
         check_int("unfreeze_every", self.unfreeze_every, 1, optional=True, hint="None unfreezes everything at once.")
-        check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_inclusive=False,
-                    hint="each deeper layer group trains at lr x lr_decay^depth; 1.0 means one lr for all.")
+        check_range(
+            "lr_decay",
+            self.lr_decay,
+            0.0,
+            1.0,
+            low_inclusive=False,
+            hint="each deeper layer group trains at lr x lr_decay^depth; 1.0 means one lr for all.",
+        )
         check_bool("train_bn", self.train_bn)
         if self.schedule is not None:
             self._check_schedule()

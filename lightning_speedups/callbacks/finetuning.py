@@ -20,7 +20,11 @@ How it keeps optimizers, schedulers, checkpoints and DDP consistent (the places 
   torch's fused SGD kernel cannot step such a group, so the callback guards every optimizer with
   :func:`~lightning_speedups.optim._fused_momentum.guard_fused_momentum` (``create_optimizer`` already does).
 - **BatchNorm.** With ``train_bn=False`` frozen norm layers are held in eval mode (re-applied before every training
-  batch, since ``model.train()`` resets it) so their running statistics keep the pretrained values.
+  batch, since ``model.train()`` resets it) so their running statistics keep the pretrained values. Norm layers whose
+  statistics are still those of a freshly built layer at fit start (mean 0, variance 1: a backbone that was never
+  trained) have no values to keep; in eval mode they would not normalise at all and a deep backbone overflows (NaN
+  weights), so they keep computing their statistics (their weights stay frozen), with a warning. The decision is
+  saved with the callback state, so a resumed run makes the same one.
 """
 
 from __future__ import annotations
@@ -40,15 +44,22 @@ from lightning_speedups._rebuild import rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks._finetune_plan import BackboneSpec, FineTuneConfig, _Group, _plan
 from lightning_speedups.functional._layer_groups import _under
-from lightning_speedups.functional.finetuning import freeze
+from lightning_speedups.functional.finetuning import _has_initial_stats, freeze
 from lightning_speedups.optim._fused_momentum import guard_fused_momentum
 
 __all__ = ["FineTuneConfig", "FineTuneFreezing"]
 
 # lr-valued entries that scale with a group's multiplier when a group is split (param-group keys / scheduler lists)
 _LR_GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-_SCHED_LISTS = {"base_lrs": True, "_last_lr": True, "max_lrs": True, "min_lrs": False, "lr_lambdas": False,
-                "base_momentums": False, "max_momentums": False}
+_SCHED_LISTS = {
+    "base_lrs": True,
+    "_last_lr": True,
+    "max_lrs": True,
+    "min_lrs": False,
+    "lr_lambdas": False,
+    "base_momentums": False,
+    "max_momentums": False,
+}
 
 
 def _expand_scheduler(sched: Any, sources: list[tuple[int, float]]) -> None:
@@ -118,6 +129,7 @@ class FineTuneFreezing(Callback):
         self._trainable: list[str] = []
         self._module: L.LightningModule | None = None
         self._frozen_norms: list[str] = []  # names: sync_batchnorm swaps the modules after setup()
+        self._fresh_norms: list[str] | None = None  # frozen norms with no statistics to keep (decided at fit start)
         self._written_prefixes: set[str] = set()
         self._saved_opt_cfg: tuple[Any, ...] | None = None
         self._announced = False
@@ -208,11 +220,18 @@ class FineTuneFreezing(Callback):
         pl_module.optimizer_config = make(lm)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._fresh_norms is None:  # after the module's own setup / configure_model (pretrained weights loaded)
+            self._fresh_norms = self._find_fresh_norms(pl_module)
         by_name = {n: g for g in self.groups for n in g.params}
         group_of = {id(p): by_name[n] for n, p in pl_module.named_parameters() if n in by_name}
         in_opt = {id(p) for opt in trainer.optimizers for pg in opt.param_groups for p in pg["params"]}
-        missing = [n for g in self.groups if g.epoch is not None for n in g.params
-                   if id(pl_module.get_parameter(n)) not in in_opt]
+        missing = [
+            n
+            for g in self.groups
+            if g.epoch is not None
+            for n in g.params
+            if id(pl_module.get_parameter(n)) not in in_opt
+        ]
         if missing:
             raise SpeedupConfigError(
                 f"FineTuneFreezing: {len(missing)} backbone parameters that will be unfrozen (e.g. {missing[0]!r}) are "
@@ -228,6 +247,22 @@ class FineTuneFreezing(Callback):
             configs = trainer.lr_scheduler_configs
             scheds = [c.scheduler for c in configs if getattr(c.scheduler, "optimizer", None) is opt]
             self._split_groups(opt, group_of, scheds)
+
+    def _find_fresh_norms(self, pl_module: L.LightningModule) -> list[str]:
+        """Frozen norm layers whose statistics were never computed: they keep training their statistics."""
+        if self.config.train_bn:
+            return []
+        names = [n for g in self.groups for n in g.norms if _has_initial_stats(pl_module.get_submodule(n))]
+        if names:
+            first = pl_module.get_submodule(names[0])
+            rank_zero_warn(
+                f"FineTuneFreezing: {len(names)} norm layers of the frozen backbone (e.g. `{names[0]}` "
+                f"({type(first).__name__})) hold the running statistics of a freshly built layer (mean 0, variance "
+                "1): the backbone looks untrained. In eval mode they would not normalise at all (a deep backbone "
+                "overflows), so they keep computing their statistics; their weights stay frozen. HINT: load the "
+                "pretrained weights before fit (e.g. `lightning_speedups.load_pretrained`), or pass `train_bn=True`."
+            )
+        return names
 
     def _split_groups(self, opt: torch.optim.Optimizer, group_of: dict[int, _Group], scheds: list[Any]) -> None:
         """Split param groups that mix layer groups (or lack their lr factor) into one group per layer group."""
@@ -293,7 +328,10 @@ class FineTuneFreezing(Callback):
     def _hold_frozen_norms(self) -> None:
         if self._module is None:
             return
+        fresh = set(self._fresh_norms or ())  # no statistics to keep: they stay in train mode and compute them
         for name in self._frozen_norms:  # model.train() (fit start, after validation) puts them back in train mode
+            if name in fresh:
+                continue
             m = self._module.get_submodule(name)
             if m.training:
                 freeze(m)  # eval mode + no grad: the running statistics keep their pretrained values
@@ -303,13 +341,17 @@ class FineTuneFreezing(Callback):
             module, cfg = self._saved_opt_cfg
             module.optimizer_config = cfg
             self._saved_opt_cfg = None
+        self._fresh_norms = None  # a next fit decides again, from the statistics it starts with
 
     # ----- checkpointing -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"unfrozen": list(self.unfrozen), "groups": [g.name for g in self.groups]}
+        fresh = None if self._fresh_norms is None else list(self._fresh_norms)
+        return {"unfrozen": list(self.unfrozen), "groups": [g.name for g in self.groups], "fresh_norms": fresh}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # called after setup() and before DDP wraps the model: re-freeze exactly what the checkpoint had frozen
+        if state_dict.get("fresh_norms") is not None:  # the statistics are trained by now: keep the run's decision
+            self._fresh_norms = list(state_dict["fresh_norms"])
         if self._module is None or not self.groups:
             return
         if list(state_dict.get("groups", [])) != [g.name for g in self.groups]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -10,6 +11,8 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import nn
 from typing_extensions import override
 
 from lightning_speedups._compat import fit_train_dataloader
@@ -19,7 +22,6 @@ from lightning_speedups._inputs import (
     example_from_batch,
     first_batch,
     flat_tensors,
-    forward_error,
     head_samples,
 )
 from lightning_speedups._registry import TechniqueInfo, register_technique
@@ -36,6 +38,64 @@ from lightning_speedups.functional.progressive_resizing import (
 __all__ = ["ProgressiveResizing"]
 
 
+def _at_least_two(batch: Any) -> Any:
+    """``batch`` with a batch of one doubled: BatchNorm in training mode needs more than one value per channel."""
+    return apply_to_collection(
+        batch, torch.Tensor, lambda t: torch.cat([t, t]) if t.dim() == 4 and t.shape[0] == 1 else t
+    )
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _train_forward_error(model: nn.Module, inputs: Any) -> tuple[str, str] | None:
+    """Why one forward fails the way a training step runs it (train mode, with gradients), or ``None`` if it runs.
+
+    Returns ``("Type: message", "`name` (Type)")``, the second naming the innermost module that raised. The model
+    is left as it was: train/eval flags, buffers (BatchNorm running statistics) and the RNG state are restored.
+    """
+    modes = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    stack: list[str] = []  # names of the modules entered and not yet left: the last one raised
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            stack.append(name)
+
+        return hook
+
+    def leave(*_: Any) -> None:
+        stack.pop()
+
+    handles = []
+    for name, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(enter(name)))
+        handles.append(mod.register_forward_hook(leave))
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():  # dropout draws: the global RNG is kept
+            model.train()
+            _call(model, inputs)
+        return None
+    except Exception as err:  # any failure of the user's forward
+        name = stack[-1] if stack else ""
+        where = f"`{name}` ({type(model.get_submodule(name)).__name__})" if name else f"`{type(model).__name__}`"
+        return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}", where
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for buf, saved in buffers:
+                buf.copy_(saved)
+        for m, mode in modes.items():
+            m.training = mode
+
+
 class ProgressiveResizing(Callback):
     """Resize every training batch on the fly with Composer's progressive schedule; validate at full size.
 
@@ -49,8 +109,11 @@ class ProgressiveResizing(Callback):
     Validation, test and predict batches are left at full size.
 
     The model must accept smaller inputs (global pooling before the classifier, as torchvision's CNNs have); at
-    ``fit`` start the callback runs ``example_input_array`` at the smallest size, in eval mode without gradients, and
-    refuses a model that fails with a hint.
+    ``fit`` start the callback runs ``example_input_array`` (or two samples of the first batch) at the smallest size
+    the way a training step does (train mode, with gradients, so training-only branches such as an auxiliary head
+    run too; BatchNorm statistics and the RNG are restored) and refuses a model that fails, naming the size, the
+    module that failed and the smallest scale that runs. Per-pixel targets (segmentation masks) are resized with the
+    images, by nearest neighbour.
 
     Resume: the scale is a function of ``global_step``, which the checkpoint restores, so a resumed run sees the same
     sizes as an uninterrupted one (crop offsets too: they are drawn from ``seed`` and the step). The run length and
@@ -137,7 +200,11 @@ class ProgressiveResizing(Callback):
         )
 
     def _check_small_input(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Refuse, before any step, a run with nothing to resize or a model that fails at the smallest size."""
+        """Refuse, before any step, a run with nothing to resize or a model that fails at the smallest size.
+
+        The smallest size runs the way a training step will: train mode, with gradients, so branches that only run in
+        training (Inception's auxiliary classifier) are checked too; the model is left exactly as it was.
+        """
         example = getattr(pl_module, "example_input_array", None)
         if isinstance(example, torch.Tensor):
             batch: Any = example
@@ -146,7 +213,7 @@ class ProgressiveResizing(Callback):
             batch = head_samples(first_batch(loader)) if loader is not None else None
             if batch is None:
                 return
-        batch = move_data_to_device(batch, pl_module.device)
+        batch = move_data_to_device(_at_least_two(batch), pl_module.device)
         images = [t for t in flat_tensors(batch) if t.dim() == 4 and t.is_floating_point()]
         if not images:
             raise SpeedupConfigError(
@@ -154,19 +221,54 @@ class ProgressiveResizing(Callback):
                 "tensor, so there is nothing to resize. Allowed values: image batches (N, C, H, W). HINT: remove "
                 "ProgressiveResizing for this model."
             )
-        small = resize_batch(batch, self.initial_scale, self.mode, self.size_increment, self.interpolation)
         runs_full = example_from_batch(pl_module, batch)
-        if runs_full is None:
+        if runs_full is None or _train_forward_error(pl_module, runs_full) is not None:
             return  # the full-size batch does not run through forward alone either: nothing to compare against
+        failure = self._train_error_at(pl_module, batch, runs_full, self.initial_scale)
+        if failure is None:
+            return
+        error, where, shape = failure
+        lowest = self._lowest_working_scale(pl_module, batch, runs_full, images[0].shape[-2])
+        raise SpeedupConfigError(
+            f"ProgressiveResizing: `{type(pl_module).__name__}` fails on {shape} inputs in training mode, the "
+            f"smallest size of this schedule (`initial_scale`={self.initial_scale}), in {where}: {error}. "
+            f"Allowed values: an `initial_scale` whose images the model accepts in training{lowest}. HINT: pool "
+            "globally (nn.AdaptiveAvgPool2d) before the classifier and any training-only (auxiliary) head, or raise "
+            "initial_scale."
+        )
+
+    def _train_error_at(
+        self, pl_module: L.LightningModule, batch: Any, runs_full: Any, scale: float
+    ) -> tuple[str, str, tuple[int, int]] | None:
+        """(error, failing module, image size) of one training-mode forward at ``scale``, or ``None`` if it runs."""
+        small = resize_batch(batch, scale, self.mode, self.size_increment, self.interpolation)
         same_form = [c for c in candidate_inputs(small) if type(c) is type(runs_full)][:1]
-        error = forward_error(pl_module, same_form[0]) if same_form else None
-        if error is not None:
-            shape = tuple(next(t for t in flat_tensors(small) if t.dim() == 4).shape[-2:])
-            raise SpeedupConfigError(
-                f"ProgressiveResizing: `{type(pl_module).__name__}` fails on {shape} inputs "
-                f"(`initial_scale`={self.initial_scale}): {error}. Allowed values: a model that accepts smaller "
-                "images. HINT: pool globally (nn.AdaptiveAvgPool2d) before the classifier, or raise initial_scale."
-            )
+        failure = _train_forward_error(pl_module, same_form[0]) if same_form else None
+        if failure is None:
+            return None
+        image = next(t for t in flat_tensors(small) if t.dim() == 4 and t.is_floating_point())
+        return failure[0], failure[1], (int(image.shape[-2]), int(image.shape[-1]))
+
+    def _lowest_working_scale(self, pl_module: L.LightningModule, batch: Any, runs_full: Any, side: int) -> str:
+        """The smallest scale that runs, as a clause of the refusal: bisection over the sides (a few forwards)."""
+        inc = self.size_increment
+        lo = scaled_side(side, self.initial_scale, inc) // inc  # fails (in units of size_increment)
+        hi, verified = side // inc, False  # the largest rounded side: runs if the full size does, checked below
+        for _ in range(8):
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            if self._train_error_at(pl_module, batch, runs_full, mid * inc / side) is None:
+                hi, verified = mid, True
+            else:
+                lo = mid
+        if hi <= lo or hi * inc >= side:
+            verified = False
+        elif not verified:
+            verified = self._train_error_at(pl_module, batch, runs_full, hi * inc / side) is None
+        if not verified:
+            return ", which for this model is only 1.0 (full size)"
+        return f", here >= {hi * inc / side:.3g} (sides of {hi * inc} pixels run)"
 
     def _resize(self, trainer: L.Trainer, batch: Any) -> Any:
         if not trainer.training or self._total is None:

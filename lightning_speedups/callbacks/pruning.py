@@ -23,7 +23,8 @@ from lightning_speedups._inputs import example_from_batch, first_batch
 from lightning_speedups._rebuild import rebuild_optimizers, rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import apply_structure_records, store_structure_record
-from lightning_speedups.functional._masks import attach_mask, masked_modules, weight_mask
+from lightning_speedups.functional._mask_pruning import mask_tensors
+from lightning_speedups.functional._masks import attach_mask, masked_modules, named_masks, resolve_mask_key
 from lightning_speedups.functional.pruning import (
     RECORD_KEY,
     STRUCTURED_IMPORTANCES,
@@ -33,7 +34,6 @@ from lightning_speedups.functional.pruning import (
     count_macs,
     default_ignored_layers,
     make_pruning_permanent,
-    mask_targets,
     prune_structured,
     prune_unstructured,
     pruned_structure_record,
@@ -164,7 +164,9 @@ class Pruning(L.Callback):
         if self.ignored_layers is not None:
             return self.ignored_layers
         if self._ignored_names is None:
-            self._ignored_names = default_ignored_layers(pl_module, self._inputs(pl_module))
+            # structured: every layer on a path to an output keeps its width; masks change no shape: the heads only
+            every_path = self.mode == "structured"
+            self._ignored_names = default_ignored_layers(pl_module, self._inputs(pl_module), every_path)
         return self._ignored_names
 
     def _restore_from(self, pl_module: L.LightningModule, checkpoint: Any) -> None:
@@ -182,11 +184,11 @@ class Pruning(L.Callback):
         ignored = self._ignored(pl_module) if self.ignored_layers is not None else None
         if self.mode == "unstructured":
             ignored = self._ignored(pl_module)
-            if not mask_targets(pl_module, resolve_layers(pl_module, ignored)):  # unknown names raise here
+            # unknown names, and weights a mask cannot stack on, raise here
+            if not mask_tensors(pl_module, resolve_layers(pl_module, ignored)):
                 raise SpeedupConfigError(
-                    f"`ignored_layers`={ignored!r} leaves no conv/linear layer of {type(pl_module).__name__} to prune. "
-                    "Allowed values: a list that "
-                    "leaves at least one layer."
+                    f"`ignored_layers`={ignored!r} leaves no conv/linear layer of {type(pl_module).__name__} to prune "
+                    "(nor a recurrent one). Allowed values: a list that leaves at least one layer."
                 )
             return
         from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
@@ -232,7 +234,7 @@ class Pruning(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         masks = dict(self._masks)
         if self.mode == "unstructured" and self._model is not None:
-            live = {n: weight_mask(m).bool().clone() for n, m in masked_modules(self._model).items()}
+            live = {k: m.bool().clone() for k, m in named_masks(self._model).items()}
             masks = live or masks  # after make_permanent the last masks are kept for a later resume
         return {"steps_done": self.steps_done, "applied": self.applied, "params_dense": self.params_dense,
                 "channels": dict(self.channels), "masks": masks}  # fmt: skip
@@ -249,8 +251,9 @@ class Pruning(L.Callback):
         if self.params_dense is None:
             self.params_dense = sum(p.numel() for p in pl_module.parameters())
         if self.mode == "unstructured" and self._masks:  # resume: weights are loaded, re-attach the masks
-            for name, mask in self._masks.items():
-                attach_mask(pl_module.get_submodule(name), mask)
+            for key, mask in self._masks.items():
+                module, name = resolve_mask_key(pl_module, key)  # a module name, or `rnn.weight_hh_l0`
+                attach_mask(module, mask, name)
             rewrap_ddp(trainer)  # parametrizing re-sets the weights: DDP's gradient hooks must be registered anew
 
     # ------------------------------------------------------------------ pruning
@@ -301,7 +304,7 @@ class Pruning(L.Callback):
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule, target: float) -> None:
         total = sparsity_report(pl_module).total  # shared parameters counted once
-        masked = sum(int((weight_mask(m) == 0).sum()) for m in masked_modules(pl_module).values())
+        masked = sum(int((m == 0).sum()) for m in named_masks(pl_module).values())
         dense = self.params_dense or total
         values = {
             "pruning/amount": target,
@@ -317,7 +320,7 @@ class Pruning(L.Callback):
     # ------------------------------------------------------------------ end / checkpoints
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode == "unstructured" and self.make_permanent:
-            self._masks = {n: weight_mask(m).bool().clone() for n, m in masked_modules(pl_module).items()}
+            self._masks = {k: m.bool().clone() for k, m in named_masks(pl_module).items()}
             make_pruning_permanent(pl_module)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

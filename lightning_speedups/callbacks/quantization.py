@@ -150,8 +150,9 @@ class QuantizationAwareTraining(Callback):
         example = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
         self.quantized_model, self.report = quantize_for_inference(pl_module, example, self.backend)
         rank_zero_info(
-            f"QAT: int8 model via {self.report.backend}: {self.report.speedup:.2f}x faster, "
-            f"{self.report.size_ratio:.2f}x smaller, max abs diff {self.report.max_abs_diff:.3g}"
+            f"QAT: int8 model via {self.report.backend} ({self.report.quantized_layers} layers in int8): "
+            f"{self.report.speedup:.2f}x faster, {self.report.size_ratio:.2f}x smaller, max abs diff "
+            f"{self.report.max_abs_diff:.3g}"
         )
 
     def state_dict(self) -> dict[str, Any]:

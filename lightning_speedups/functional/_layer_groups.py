@@ -33,7 +33,10 @@ HEAD_NAMES: tuple[str, ...] = ("fc", "classifier", "heads", "head")
 POOLER_NAMES: tuple[str, ...] = ("pooler",)
 # leaf norm layers that join the group before them (a ResNet stem's bn1, a ViT's final LayerNorm)
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
-    _NormBase, nn.LayerNorm, nn.GroupNorm, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+    _NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
 )
 
 

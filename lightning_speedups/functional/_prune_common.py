@@ -18,10 +18,15 @@ __all__ = [
     "PRUNABLE",
     "PruningSummary",
     "SparsityReport",
+    "all_trainable",
     "count_macs",
     "default_ignored_layers",
     "eval_mode",
+    "feeding_layers",
     "forward",
+    "output_layers",
+    "train_mode",
+    "training_only_layers",
     "resolve_layers",
     "sparsity_report",
 ]
@@ -142,15 +147,138 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
-def default_ignored_layers(model: nn.Module, example_inputs: Any = None) -> list[str]:
-    """The final classifier layer: the last conv/linear run by a forward pass (or registered, without inputs)."""
+@contextlib.contextmanager
+def train_mode(model: nn.Module) -> Iterator[None]:
+    """Train mode without side effects: buffers (BatchNorm statistics) and the RNG state are put back afterwards.
+
+    Checks and tracing must see the branches that run only in training (aux heads), the way training will run them.
+    """
+    modes = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    tensors = [*model.parameters(), *model.buffers()]
+    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):  # dropout draws from the RNG: training must see the same draws
+        model.train()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buf, saved in buffers:
+                    if buf.shape == saved.shape:
+                        buf.copy_(saved)
+            for m, mode in modes.items():
+                m.training = mode
+
+
+@contextlib.contextmanager
+def all_trainable(model: nn.Module) -> Iterator[None]:
+    """Frozen layers produce no autograd graph, which tracing needs: unfreeze while tracing, then restore."""
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    for p in model.parameters():
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(n not in frozen)
+
+
+def _layers_run(model: nn.Module, example_inputs: Any, training: bool) -> list[nn.Module] | None:
+    """Conv/linear layers one forward runs, in order (``None`` when the forward fails in that mode)."""
+    order: list[nn.Module] = []
+    handles = [m.register_forward_hook(lambda mod, _i, _o: order.append(mod)) for m in model.modules()
+               if isinstance(m, PRUNABLE)]  # fmt: skip
+    try:
+        with torch.no_grad(), train_mode(model) if training else eval_mode(model):
+            forward(model, example_inputs)
+    except Exception:  # e.g. BatchNorm on one sample in train mode: that mode is not checked
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
+def training_only_layers(model: nn.Module, example_inputs: Any) -> list[nn.Module]:
+    """Conv/linear layers that run in train mode but not in eval mode (aux heads): tracing must see them too."""
+    trained, evaluated = _layers_run(model, example_inputs, True), _layers_run(model, example_inputs, False)
+    if trained is None or evaluated is None:
+        return []
+    seen = {id(m) for m in evaluated}
+    return list({id(m): m for m in trained if id(m) not in seen}.values())
+
+
+def output_layers(
+    model: nn.Module, example_inputs: Any, training: bool = False, every_path: bool = True
+) -> list[nn.Module]:
+    """The conv/linear layers that produce the model's outputs: for every output tensor (dict, tuple, ModelOutput),
+    the nearest layer on every path behind it in the autograd graph (``every_path=False``: only the nearest of them,
+    the head itself). Their output channels are what the caller consumes.
+    """
+    return _layers_behind(model, example_inputs, None, training, every_path)
+
+
+def feeding_layers(model: nn.Module, example_inputs: Any, targets: Sequence[nn.Module]) -> list[nn.Module]:
+    """The conv/linear layers nearest behind the inputs of ``targets`` (eval mode): the layers that set their widths."""
+    return _layers_behind(model, example_inputs, targets, False) if targets else []
+
+
+def _layers_behind(
+    model: nn.Module, example_inputs: Any, targets: Sequence[nn.Module] | None, training: bool, every_path: bool = True
+) -> list[nn.Module]:
+    """Nearest conv/linear layers behind the outputs (``targets=None``) or behind the inputs of ``targets``."""
+    from lightning_speedups._inputs import flat_tensors
+
+    producers: dict[Any, nn.Module] = {}
+    starts: list[torch.Tensor] = []
+
+    def hook(module: nn.Module, _inp: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+            producers[out.grad_fn] = module
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, PRUNABLE)]
+    handles += [t.register_forward_pre_hook(lambda _m, inp: starts.extend(flat_tensors(inp))) for t in targets or []]
+    try:
+        with torch.enable_grad(), all_trainable(model), train_mode(model) if training else eval_mode(model):
+            outputs = flat_tensors(forward(model, example_inputs))
+    finally:
+        for h in handles:
+            h.remove()
+    found: dict[int, nn.Module] = {}
+    roots = [t.grad_fn for t in (outputs if targets is None else starts) if t.grad_fn is not None]
+    for level in [roots] if every_path else [[r] for r in roots]:  # all at once, or each output on its own
+        visited: set[Any] = set()
+        while level:
+            hits = [fn for fn in level if fn in producers]
+            found.update({id(producers[fn]): producers[fn] for fn in hits})
+            if hits and not every_path:
+                break  # the nearest layers (the head); deeper ones reach the output only through it or a residual
+            visited.update(level)
+            # stop at the first layer on each path: what is behind it keeps its width freely
+            level = list({nxt: None for fn in level if fn not in producers for nxt, _ in fn.next_functions
+                          if nxt is not None and nxt not in visited})  # fmt: skip
+    return list(found.values())
+
+
+def default_ignored_layers(model: nn.Module, example_inputs: Any = None, every_path: bool = True) -> list[str]:
+    """The output layers: every head's final conv/linear (dict, tuple and ``ModelOutput`` outputs, aux heads that run
+    only in training included), found from the outputs' autograd graphs; without inputs, the last registered layer.
+
+    ``every_path=True`` (structured pruning) holds the nearest layer on every path to an output, so that no output
+    changes shape (a concatenation of two branches, a hidden state at the end of a residual stream);
+    ``every_path=False`` (masks, which change no shape) holds only the nearest layers of each output.
+    """
     names = {m: n for n, m in model.named_modules()}
-    order: list[str] = []
-    if example_inputs is not None:
+    if example_inputs is None:
+        return [n for n, m in model.named_modules() if isinstance(m, PRUNABLE)][-1:]
+    heads = {id(m): m for m in output_layers(model, example_inputs, every_path=every_path)}
+    with contextlib.suppress(Exception):  # a model whose train-mode forward fails on these inputs: eval heads only
+        heads.update({id(m): m for m in output_layers(model, example_inputs, True, every_path)})
+    if not heads:  # outputs without an autograd graph (e.g. computed under no_grad): the last layer run
+        order: list[str] = []
         _forward_with_hooks(model, example_inputs, lambda mod, _i, _o: order.append(names[mod]))
-    else:
-        order = [n for n, m in model.named_modules() if isinstance(m, PRUNABLE)]
-    return order[-1:]
+        return order[-1:]
+    return [names[m] for m in model.modules() if id(m) in heads]
 
 
 def resolve_layers(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:

@@ -54,9 +54,24 @@ __all__ = [
     "resolve_module_names",
 ]
 
+
 def _is_norm_with_stats(module: nn.Module) -> bool:
     # BatchNorm (and InstanceNorm with running stats): the layers whose statistics a frozen backbone must keep
     return isinstance(module, _NormBase)
+
+
+def _has_initial_stats(module: nn.Module) -> bool:
+    """A norm layer whose running statistics are still those of a freshly built one (mean 0, variance 1).
+
+    Such a layer has no statistics to keep: held in eval mode it does not normalise at all, and a backbone that relies
+    on it (Inception v3's large truncated-normal init) overflows.
+    """
+    mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+    if not _is_norm_with_stats(module) or not isinstance(mean, torch.Tensor) or not isinstance(var, torch.Tensor):
+        return False
+    if mean.is_meta or var.is_meta:
+        return False
+    return bool((mean == 0).all() and (var == 1).all())
 
 
 def freeze(module: nn.Module, train_bn: bool = False) -> dict[str, int]:

@@ -20,10 +20,37 @@ from torch import nn
 
 from lightning_speedups._errors import check_choice, require
 
-__all__ = ["Int8Backend", "get_int8_backend", "list_int8_backends", "register_int8_backend"]
+__all__ = [
+    "Int8Backend",
+    "count_quantized_layers",
+    "get_int8_backend",
+    "list_int8_backends",
+    "register_int8_backend",
+]
 
 # build(float_copy, example_args, calibration_batches, calibrate) -> int8 model
 Builder = Callable[[nn.Module, tuple[Any, ...], Sequence[tuple[Any, ...]], bool], nn.Module]
+# torch.ao's converted modules (static, dynamic, fused): their `weight` is a method returning the int8 weight
+_AO_QUANTIZED = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized")
+
+
+def count_quantized_layers(model: nn.Module) -> int:
+    """How many layers of ``model`` compute with int8 weights: torch.ao's quantized modules and layers whose weight is
+    a quantized tensor subclass (torchao).
+
+    Example::
+
+        >>> count_quantized_layers(nn.Sequential(nn.Linear(4, 4)))
+        0
+    """
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if type(module).__module__.startswith(_AO_QUANTIZED) and callable(weight):
+            count += 1
+        elif isinstance(weight, torch.Tensor) and (weight.is_quantized or type(weight.data) is not torch.Tensor):
+            count += 1  # torchao swaps the weight for an int8 tensor subclass and keeps the module class
+    return count
 
 
 @dataclass(frozen=True)
@@ -38,6 +65,8 @@ class Int8Backend:
         needs_compile: tried by ``backend="auto"`` only with ``allow_compile=True`` (compiling takes tens of seconds).
         load_assign: load its ``state_dict`` with ``assign=True`` (tensor-subclass weights).
         static: calibrated on data (its held-out error is the one that can differ from the calibration error).
+        count: ``count(int8_model) -> int``, how many layers it quantized; a candidate that quantized none is never
+            chosen.
     """
 
     name: str
@@ -46,6 +75,7 @@ class Int8Backend:
     needs_compile: bool = False
     load_assign: bool = False
     static: bool = False
+    count: Callable[[nn.Module], int] = count_quantized_layers
 
 
 _BACKENDS: dict[str, Int8Backend] = {}
@@ -122,9 +152,7 @@ def _torchao_dynamic(
     return model
 
 
-def _pt2e_inductor(
-    model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool
-):
+def _pt2e_inductor(model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool):
     require("torchao.quantization.pt2e", "quantization", "PT2E int8 inference")
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -136,9 +164,18 @@ def _pt2e_inductor(
     return torch.compile(convert_pt2e(prepared))
 
 
+def _count_pt2e(model: nn.Module) -> int:
+    """Weights dequantized per channel in the converted graph: one per quantized conv/linear (X86InductorQuantizer)."""
+    graph_module = getattr(model, "_orig_mod", model)  # under torch.compile's wrapper; compiles nothing
+    graph = getattr(graph_module, "graph", None)
+    return 0 if graph is None else sum("dequantize_per_channel" in str(node.target) for node in graph.nodes)
+
+
 # "auto" tries them in this order: torch.ao FX static (Conv/Linear/BN/ReLU fused), torch.ao dynamic (Linear only),
 # torchao dynamic (the maintained API; slow on CPU without compile), PT2E + inductor (compile: opt-in)
 register_int8_backend(Int8Backend("fx_static", _fx_static, static=True))
 register_int8_backend(Int8Backend("eager_dynamic", _eager_dynamic))
 register_int8_backend(Int8Backend("torchao_dynamic", _torchao_dynamic, load_assign=True))
-register_int8_backend(Int8Backend("pt2e_inductor", _pt2e_inductor, saveable=False, needs_compile=True, static=True))
+register_int8_backend(
+    Int8Backend("pt2e_inductor", _pt2e_inductor, saveable=False, needs_compile=True, static=True, count=_count_pt2e)
+)

@@ -9,8 +9,11 @@ resolution adapts it (and its BatchNorm statistics) to the size it is evaluated 
 * the last ``finetune_fraction`` of training: full size.
 
 Sides are rounded to a multiple of ``size_increment`` (fewer distinct shapes: fewer cuDNN autotune runs and
-``torch.compile`` recompiles). Only floating-point tensors with 4 dimensions ``(N, C, H, W)`` are resized: the images.
-Labels, masks (integer) and other tensors pass through unchanged.
+``torch.compile`` recompiles). Floating-point tensors with 4 dimensions ``(N, C, H, W)`` are the images and are
+interpolated. Per-pixel targets follow them: any other tensor of at least 3 dimensions whose last two equal an image's
+``(H, W)`` (segmentation masks ``(N, H, W)`` or ``(N, 1, H, W)``, integer or not) gets the same new size by nearest
+neighbour, so class ids keep their dtype and values, and in ``"crop"`` mode the same window as the image. Labels
+(``(N,)``) and every other tensor pass through unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ __all__ = [
     "progressive_scale",
     "resize_batch",
     "resize_images",
+    "resize_mask",
     "scaled_side",
 ]
 
@@ -88,29 +92,66 @@ def scaled_side(side: int, scale: float, size_increment: int = 4) -> int:
     return min(side, max(size_increment, rounded))
 
 
+def _crop_offsets(
+    full: tuple[int, int], size: tuple[int, int], generator: torch.Generator | None = None
+) -> tuple[int, int]:
+    top = int(torch.randint(full[0] - size[0] + 1, (1,), generator=generator))
+    left = int(torch.randint(full[1] - size[1] + 1, (1,), generator=generator))
+    return top, left
+
+
 def resize_images(
     images: torch.Tensor,
     size: tuple[int, int],
     mode: str = "resize",
     interpolation: str = "bilinear",
     generator: torch.Generator | None = None,
+    offsets: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Resize (interpolate) or randomly crop an ``(N, C, H, W)`` batch to ``size``; the same crop for the whole batch.
 
     Downscaling with ``bilinear``/``bicubic`` uses ``antialias=True`` (a proper low-pass, like PIL), so the small
-    image is a blurred version of the large one rather than an aliased sample of its pixels.
+    image is a blurred version of the large one rather than an aliased sample of its pixels. ``offsets`` (top, left)
+    fixes the crop window (``"crop"``); ``None`` draws it from ``generator``.
     """
     h, w = size
     if (h, w) == tuple(images.shape[-2:]):
         return images
     if mode == "crop":
-        top = int(torch.randint(images.shape[-2] - h + 1, (1,), generator=generator))
-        left = int(torch.randint(images.shape[-1] - w + 1, (1,), generator=generator))
+        top, left = offsets if offsets is not None else _crop_offsets(tuple(images.shape[-2:]), size, generator)
         return images[..., top : top + h, left : left + w]
     kwargs: dict[str, Any] = {"size": (h, w), "mode": interpolation}
     if interpolation in ("bilinear", "bicubic"):
         kwargs.update(align_corners=False, antialias=True)
     return F.interpolate(images, **kwargs)
+
+
+def resize_mask(
+    mask: torch.Tensor, size: tuple[int, int], mode: str = "resize", offsets: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """Resize a per-pixel target ``(..., H, W)`` of any dtype to ``size`` by nearest neighbour (values kept exactly).
+
+    Pixel centres are mapped like ``F.interpolate(mode="nearest-exact")``, by indexing, so integer class masks keep
+    their dtype and every value is one of the input's. ``mode="crop"`` takes the window at ``offsets`` (the image's).
+
+    Example::
+
+        >>> resize_mask(torch.arange(16).view(1, 4, 4), (2, 2)).tolist()
+        [[[5, 7], [13, 15]]]
+    """
+    h, w = size
+    full_h, full_w = mask.shape[-2:]
+    if (h, w) == (full_h, full_w):
+        return mask
+    if mode == "crop":
+        top, left = offsets if offsets is not None else (0, 0)
+        return mask[..., top : top + h, left : left + w]
+
+    def centres(n_out: int, n_in: int) -> torch.Tensor:
+        idx = ((torch.arange(n_out, device=mask.device) + 0.5) * (n_in / n_out)).floor().long()
+        return idx.clamp_(max=n_in - 1)
+
+    return mask.index_select(-2, centres(h, full_h)).index_select(-1, centres(w, full_w))
 
 
 def resize_batch(
@@ -121,15 +162,19 @@ def resize_batch(
     interpolation: str = "bilinear",
     generator: torch.Generator | None = None,
 ) -> Any:
-    """Return ``batch`` with every floating-point ``(N, C, H, W)`` tensor scaled by ``scale`` (any nesting).
+    """Return ``batch`` with its images scaled by ``scale`` and its per-pixel targets resized to match (any nesting).
+
+    Images are the floating-point ``(N, C, H, W)`` tensors; another tensor of at least 3 dimensions whose last two
+    equal an image's ``(H, W)`` is a per-pixel target (a segmentation mask) and gets the same size by nearest
+    neighbour (:func:`resize_mask`), and in ``"crop"`` mode the same window. Other tensors (labels) are unchanged.
 
     Args:
         batch: a tensor, or lists / tuples / dicts / dataclasses of them, e.g. ``(images, labels)``.
         scale: in ``(0, 1]``; 1 returns ``batch`` itself.
         mode: ``"resize"`` (interpolate the whole image) or ``"crop"`` (a random ``scale``-sized window).
         size_increment: round each new side to a multiple of this.
-        interpolation: ``F.interpolate`` mode for ``"resize"``.
-        generator: random source of the crop offsets (for reproducible crops).
+        interpolation: ``F.interpolate`` mode for the images in ``"resize"`` mode.
+        generator: random source of the crop offsets (for reproducible crops); one window per image size per batch.
 
     Raises:
         SpeedupConfigError: a bad ``scale``, ``mode``, ``interpolation`` or ``size_increment``.
@@ -139,6 +184,9 @@ def resize_batch(
         >>> x, y = resize_batch((torch.zeros(2, 3, 32, 32), torch.tensor([1, 0])), 0.5)
         >>> tuple(x.shape), y.tolist()
         ((2, 3, 16, 16), [1, 0])
+        >>> x, mask = resize_batch((torch.zeros(2, 3, 32, 32), torch.zeros(2, 32, 32, dtype=torch.long)), 0.5)
+        >>> tuple(mask.shape), mask.dtype
+        ((2, 16, 16), torch.int64)
     """
     check_range("scale", scale, 0.0, 1.0, low_inclusive=False)
     check_choice("mode", mode, MODES)
@@ -146,11 +194,24 @@ def resize_batch(
     scaled_side(1, 1.0, size_increment)  # validates size_increment
     if scale >= 1.0:
         return batch
+    plan: dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int] | None]] = {}  # (H, W) -> new size, window
+
+    def plan_image(t: torch.Tensor) -> torch.Tensor:
+        full = (int(t.shape[-2]), int(t.shape[-1])) if t.dim() == 4 else (0, 0)
+        if t.dim() == 4 and t.is_floating_point() and full not in plan:
+            size = (scaled_side(full[0], scale, size_increment), scaled_side(full[1], scale, size_increment))
+            # one window per image size, so every image and mask of that size is cropped alike
+            plan[full] = (size, _crop_offsets(full, size, generator) if mode == "crop" and size != full else None)
+        return t
 
     def resize(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() != 4 or not t.is_floating_point():
+        full = (int(t.shape[-2]), int(t.shape[-1])) if t.dim() >= 3 else None
+        if full is None or full not in plan:
             return t
-        size = (scaled_side(t.shape[-2], scale, size_increment), scaled_side(t.shape[-1], scale, size_increment))
-        return resize_images(t, size, mode, interpolation, generator)
+        size, offsets = plan[full]
+        if t.dim() == 4 and t.is_floating_point():
+            return resize_images(t, size, mode, interpolation, offsets=offsets)
+        return resize_mask(t, size, mode, offsets)
 
+    apply_to_collection(batch, torch.Tensor, plan_image)
     return apply_to_collection(batch, torch.Tensor, resize)

@@ -30,14 +30,26 @@ from lightning_speedups.functional._masks import (
 from lightning_speedups.functional._prune_common import (
     PruningSummary,
     SparsityReport,
+    all_trainable,
     count_macs,
     default_ignored_layers,
     eval_mode,
-    forward,
+    feeding_layers,
     resolve_layers,
     sparsity_report,
+    training_only_layers,
 )
-from lightning_speedups.functional._prune_groups import attention_modules, blame_module, safe_attention_roots
+from lightning_speedups.functional._prune_groups import (
+    attention_modules,
+    check_still_runs,
+    dependency_error,
+    raised_in_torch_pruning,
+    retie,
+    safe_attention_roots,
+    shapes_by_mode,
+    tied_parameters,
+    tracer,
+)
 from lightning_speedups.functional._pruned_records import (
     RECORD_KEY,
     apply_pruned_structure,
@@ -94,19 +106,6 @@ def _record_origins(origins: dict[int, ParamOrigin]) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _all_trainable(model: nn.Module) -> Iterator[None]:
-    """Frozen layers produce no autograd graph, which torch-pruning traces: unfreeze while tracing, then restore."""
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    for p in model.parameters():
-        p.requires_grad_(True)
-    try:
-        yield
-    finally:
-        for n, p in model.named_parameters():
-            p.requires_grad_(n not in frozen)
-
-
 class _CachedImportance:
     """Remembers each group's scores in the dry run and replays them in the real pass (scoring is the slow part)."""
 
@@ -119,6 +118,17 @@ class _CachedImportance:
         if not self.replay or key not in self.scores:
             self.scores[key] = self.importance(group)
         return self.scores[key]
+
+
+def _nothing_to_prune(model: nn.Module, ignored_names: list[str]) -> SpeedupConfigError:
+    recurrent = [f"{n!r} ({type(m).__name__})" for n, m in model.named_modules() if isinstance(m, nn.RNNBase)]
+    held = f" Recurrent modules {', '.join(recurrent)} keep their widths." if recurrent else ""
+    return SpeedupConfigError(
+        f"`ignored_layers`={ignored_names!r} leaves no prunable layer in {type(model).__name__}.{held} Allowed "
+        "values: a list that leaves at least one conv/linear layer outside recurrent modules. HINT: the default "
+        "ignores only the output layers; a model with a single layer cannot be pruned structurally. Use "
+        "mode='unstructured' to prune recurrent weights."
+    )
 
 
 def _importance(tp: Any, name: str, model: nn.Module) -> Any:
@@ -161,11 +171,14 @@ def prune_structured(
     Args:
         model: any ``nn.Module`` (a LightningModule works too); pruned in place.
         example_inputs: an input batch for one forward pass (tensor, tuple of args or dict of kwargs); batch size 1
-            is enough. The model runs in eval mode for tracing, so BatchNorm statistics are untouched.
+            is enough. The model is traced in eval mode, or in train mode when some layers run only in training (aux
+            heads); checks run in both modes. BatchNorm statistics and the RNG state are put back afterwards.
         amount: fraction of the *current* channels to remove per group, in ``[0, 1)``.
         importance: ``"l1"`` / ``"l2"`` (weight magnitude), ``"taylor"`` (weight x gradient: call ``backward`` first)
             or ``"bn_scale"`` (BatchNorm gamma).
-        ignored_layers: module names whose outputs keep all channels; ``None`` = the final classifier layer.
+        ignored_layers: module names whose outputs keep all channels; ``None`` = the output layers (the final layer of
+            every head: dict, tuple and ``ModelOutput`` outputs, aux heads that run only in training). Recurrent
+            layers and the layers feeding them always keep their widths; tied parameters are pruned together.
         global_pruning: rank channels across all layers instead of per layer.
         round_to: keep channel counts multiples of this (e.g. 8 for tensor cores).
         dry_run: validate and plan only: the prune is carried out, checked and undone, so ``layers`` holds the
@@ -181,8 +194,10 @@ def prune_structured(
 
     Raises:
         SpeedupConfigError: bad arguments, unknown layer names, every layer ignored, a layer that would lose all its
-            channels, an analysis past ``max_graph_indices``, or a pruned model that no longer runs (named in the
-            message). Nothing is pruned when it raises.
+            channels, an analysis past ``max_graph_indices``, an error inside torch-pruning (a channel shuffle, a
+            token-mixing MLP, a layer type it does not know), tied parameters that would be pruned apart, or a pruned
+            model that no longer runs in eval or train mode (the module is named in the message). Nothing is pruned
+            when it raises.
 
     Example::
 
@@ -199,17 +214,25 @@ def prune_structured(
     if ignored_layers is None:
         ignored_layers = default_ignored_layers(model, example_inputs)
     ignored = resolve_layers(model, ignored_layers)
-    shapes_before = _output_shapes(model, example_inputs)
+    # recurrent layers keep their widths (torch-pruning slices an LSTM's gates wrongly and knows no GRU): hold them
+    # and the layers that feed them
+    recurrent = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+    ignored += [*recurrent, *feeding_layers(model, example_inputs, recurrent)]
+    shapes_before = shapes_by_mode(model, example_inputs)
+    # aux heads run only in training: trace the way training runs, or their input channels are left unpruned
+    trace = {"forward_fn": tracer(bool(training_only_layers(model, example_inputs))), "output_transform": flat_tensors}
     params_before = sum(p.numel() for p in model.parameters())
     summary = PruningSummary("structured", float(amount), params_before, params_before, 0.0)
     summary.macs_before = summary.macs_after = count_macs(model, example_inputs)
     snapshot = ModuleSnapshot(model)
-    with torch.enable_grad(), eval_mode(model), _all_trainable(model):
+    tied = tied_parameters(model)
+    with torch.enable_grad(), eval_mode(model), all_trainable(model):
         try:
             with tp_index_budget(max_graph_indices):
                 _prune(tp, model, example_inputs, summary, importance, list(ignored_layers), ignored,
-                       global_pruning, round_to, reference_channels)  # fmt: skip
-            _check_still_runs(model, example_inputs, shapes_before)
+                       global_pruning, round_to, reference_channels, trace)  # fmt: skip
+            retie(model, tied)
+            check_still_runs(model, example_inputs, shapes_before)
         except GraphBudgetExceeded as err:
             snapshot.restore()
             raise SpeedupConfigError(
@@ -218,6 +241,11 @@ def prune_structured(
                 "machine has the memory (about 64 bytes each). HINT: add the blocks that reshape channels into "
                 "windows or heads to `ignored_layers`, or use mode='unstructured'."
             ) from None
+        except Exception as err:
+            snapshot.restore()
+            if isinstance(err, SpeedupConfigError) or not raised_in_torch_pruning(err):
+                raise
+            raise dependency_error(tp, model, err) from err
         except BaseException:
             snapshot.restore()
             raise
@@ -244,12 +272,13 @@ def _prune(
     global_pruning: bool,
     round_to: int | None,
     reference_channels: dict[str, int] | None,
+    trace: dict[str, Any],
 ) -> None:
     """Plan every group, refuse a layer that would lose all its channels, then prune (fills ``summary``)."""
     names = {m: n for n, m in model.named_modules()}
     prunable_ignored = list(ignored)
     if attention_modules(model):  # transformers: feed-forward blocks only; every other root is held fixed
-        roots, skipped = safe_attention_roots(tp, model, example_inputs, ignored)
+        roots, skipped = safe_attention_roots(tp, model, example_inputs, ignored, trace=trace)
         if not roots:
             raise SpeedupConfigError(
                 f"{type(model).__name__} has attention and no feed-forward block that can be pruned structurally "
@@ -267,15 +296,12 @@ def _prune(
         pruning_ratio=float(summary.amount),
         ignored_layers=prunable_ignored,
         round_to=round_to,
+        **trace,
     )
     dg = pruner.DG
     roots = [g[0].dep.target.module for g in dg.get_all_groups(ignored_layers=pruner.ignored_layers)]
     if not roots:
-        raise SpeedupConfigError(
-            f"`ignored_layers`={ignored_names!r} leaves no prunable layer in {type(model).__name__}. Allowed values: "
-            "a list that leaves at least one conv/linear layer. HINT: the default ignores only the final classifier "
-            "layer; a model with a single layer cannot be pruned structurally."
-        )
+        raise _nothing_to_prune(model, ignored_names)
     summary.channels = {names[r]: int(dg.get_out_channels(r)) for r in roots}
     initial: dict[str, int] = {}
     if reference_channels:  # torch-pruning keeps `target = initial * (1 - ratio)` per ranking scope
@@ -313,39 +339,3 @@ def _prune(
         after = dg.get_out_channels(root)
         if after != ch:
             summary.layers[names[root]] = (int(ch), int(after))
-
-
-def _output_shapes(model: nn.Module, example_inputs: Any) -> list[tuple[int, ...]]:
-    """Shapes of every tensor in the model's output (the check that a pruned model still fits its head)."""
-    try:
-        with torch.no_grad(), eval_mode(model):
-            out = forward(model, example_inputs)
-    except Exception as err:
-        raise SpeedupConfigError(
-            f"`example_inputs` do not run through {type(model).__name__}: {type(err).__name__}: {err}. Allowed "
-            "values: an input the model's forward accepts (a tensor, a tuple of arguments or a dict of keyword "
-            "arguments)."
-        ) from err
-    return [tuple(t.shape) for t in flat_tensors(out)]
-
-
-def _check_still_runs(model: nn.Module, example_inputs: Any, shapes_before: list[tuple[int, ...]]) -> None:
-    try:
-        with torch.no_grad():
-            shapes = _output_shapes(model, example_inputs)
-    except SpeedupConfigError as err:
-        cause = err.__cause__ or err
-        where = blame_module(model, cause)
-        raise SpeedupConfigError(
-            f"structured pruning would break {type(model).__name__}: after pruning, its forward fails"
-            f"{f' in module {where!r}' if where else ''} with {type(cause).__name__}: {cause}. The model is "
-            "unchanged. Allowed values: `ignored_layers` that hold the layer feeding that module. HINT: that module "
-            "hard-codes a channel count (e.g. `x.view(-1, 16)`); add the layer feeding it to `ignored_layers`, or "
-            "compute the size from the tensor (`x.flatten(1)`)."
-        ) from cause
-    if shapes != shapes_before:
-        raise SpeedupConfigError(
-            f"structured pruning would change {type(model).__name__}'s output shapes from {shapes_before} to "
-            f"{shapes}. The model is unchanged. Allowed values: `ignored_layers` that hold the output layer. HINT: "
-            "add the output layer to `ignored_layers`."
-        )

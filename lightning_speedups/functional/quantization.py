@@ -12,10 +12,11 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,8 +81,10 @@ class QuantizationReport:
     ``speedup`` is fp32 latency / int8 latency on the example input (> 1 = faster). Errors are relative to
     ``max|out_fp32|``: ``heldout_rel_error`` on inputs the calibration never saw (``max_rel_error`` applies to it),
     ``calibration_rel_error`` on the calibration inputs; ``max_abs_diff`` is the held-out absolute error.
-    ``candidates`` holds every backend tried (errors, speedup and its interval, or why it failed); ``decision``
-    is the timing evidence (medians, spread, trials, whether the winner was separated from noise).
+    ``candidates`` holds every backend tried (errors, speedup and its interval, layers quantized, or why it failed);
+    ``decision`` is the timing evidence (medians, spread, trials, whether the winner was separated from noise).
+    ``quantized_layers`` counts the layers of the returned model that compute in int8 (0 for the float model); a
+    candidate that quantized none is never chosen (status ``"no_layer_quantized"``).
     """
 
     backend: str
@@ -96,6 +99,7 @@ class QuantizationReport:
     heldout_rel_error: float = 0.0
     calibration_rel_error: float = 0.0
     decision: dict[str, Any] = field(default_factory=dict)
+    quantized_layers: int = 0
 
     @property
     def speedup(self) -> float:
@@ -199,16 +203,89 @@ def split_calibration(
     return [part(slice(0, half))], [part(slice(half, n))]
 
 
+def _comparable(out: Any) -> torch.Tensor | None:
+    """One float tensor the error check compares: a tensor itself; a mapping's or ``ModelOutput``'s ``logits`` or
+    ``out`` entry; else every tensor of a mapping, tuple, list or dataclass, flattened and concatenated. ``None``
+    when ``out`` holds no tensor."""
+    if isinstance(out, torch.Tensor):
+        return out.float()
+    if isinstance(out, Mapping):  # dicts and Hugging Face ModelOutputs (an OrderedDict)
+        for key in ("logits", "out"):
+            if isinstance(out.get(key), torch.Tensor):
+                return out[key].float()
+        items = list(out.values())
+    elif isinstance(out, (tuple, list)):
+        items = list(out)
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        items = [getattr(out, f.name) for f in dataclasses.fields(out)]
+    else:
+        return None
+    parts = [t.flatten() for t in map(_comparable, items) if t is not None]
+    return torch.cat(parts) if parts else None
+
+
+def _check_comparable(model: nn.Module, reference: nn.Module, example: tuple[Any, ...]) -> None:
+    """Raise when the float model's output holds nothing the error check can compare."""
+    with torch.no_grad():
+        try:
+            out = reference(*example)
+        except Exception:  # noqa: BLE001 - a model that cannot run is reported per candidate, as before
+            return
+    if _comparable(out) is None:
+        raise SpeedupConfigError(
+            f"`model` ({type(model).__name__}) returns a {type(out).__name__} with no tensor in it, so the int8 error "
+            "check has nothing to compare. Allowed values: a model whose output is a tensor, or a dict, tuple or "
+            "ModelOutput of tensors (its `logits` or `out` entry is compared alone when present). HINT: wrap the "
+            "model so that forward returns its logits."
+        )
+
+
 def _rel_error(qmodel: nn.Module, reference: nn.Module, batches: Sequence[tuple[Any, ...]]) -> tuple[float, float]:
     """(max relative error, max absolute error) of ``qmodel`` against ``reference`` over ``batches``."""
     rel = absolute = 0.0
     with torch.no_grad():
         for batch in batches:
-            ref = reference(*batch).float()
-            diff = float((qmodel(*batch).float() - ref).abs().max())
+            ref, out = _comparable(reference(*batch)), _comparable(qmodel(*batch))
+            if ref is None or out is None or out.shape != ref.shape:
+                got = "nothing comparable" if out is None else f"shape {tuple(out.shape)}"
+                raise ValueError(f"int8 output ({got}) does not match the float output's structure")
+            diff = float((out - ref).abs().max())
             rel = max(rel, diff / max(float(ref.abs().max()), 1e-12))
             absolute = max(absolute, diff)
     return rel, absolute
+
+
+def _try_candidates(
+    model: nn.Module,
+    reference: nn.Module,
+    names: Sequence[str],
+    example: tuple[Any, ...],
+    calib: Sequence[tuple[Any, ...]],
+    heldout: Sequence[tuple[Any, ...]],
+    max_rel_error: float,
+) -> tuple[dict[str, dict[str, Any]], dict[str, nn.Module]]:
+    """Build every backend in ``names`` and judge it: ``(report entries, int8 models within tolerance)``."""
+    candidates: dict[str, dict[str, Any]] = {}
+    built: dict[str, nn.Module] = {}
+    for name in names:
+        try:
+            qmodel = get_int8_backend(name).build(_float_copy(model), example, calib, True)
+            layers = get_int8_backend(name).count(qmodel)
+            if layers == 0:  # an "int8" model that computes in float must never win on timing noise
+                candidates[name] = {"status": "no_layer_quantized", "quantized_layers": 0}
+                continue
+            calib_rel, _ = _rel_error(qmodel, reference, calib)
+            held_rel, held_abs = _rel_error(qmodel, reference, heldout)
+        except Exception as err:  # a path that cannot handle this model is reported, not fatal
+            candidates[name] = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:300]}
+            continue
+        ok = held_rel <= max_rel_error
+        candidates[name] = {"status": "ok" if ok else "too_inaccurate", "heldout_rel_error": held_rel,
+                            "calibration_rel_error": calib_rel, "max_abs_diff": held_abs,
+                            "quantized_layers": layers}  # fmt: skip
+        if ok:
+            built[name] = qmodel
+    return candidates, built
 
 
 def quantize_for_inference(
@@ -270,26 +347,13 @@ def quantize_for_inference(
     else:
         calib, heldout = split_calibration(example, calibration)
     reference = _float_copy(model)
+    _check_comparable(model, reference, example)
     names = list_int8_backends() if backend == "auto" else [backend]
     names = [n for n in names if backend != "auto" or allow_compile or not get_int8_backend(n).needs_compile]
-    candidates: dict[str, dict[str, Any]] = {}
-    built: dict[str, nn.Module] = {}
-    for name in names:
-        try:
-            qmodel = get_int8_backend(name).build(_float_copy(model), example, calib, True)
-            calib_rel, _ = _rel_error(qmodel, reference, calib)
-            held_rel, held_abs = _rel_error(qmodel, reference, heldout)
-        except Exception as err:  # a path that cannot handle this model is reported, not fatal
-            candidates[name] = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:300]}
-            continue
-        ok = held_rel <= max_rel_error
-        candidates[name] = {"status": "ok" if ok else "too_inaccurate", "heldout_rel_error": held_rel,
-                            "calibration_rel_error": calib_rel, "max_abs_diff": held_abs}  # fmt: skip
-        if ok:
-            built[name] = qmodel
+    candidates, built = _try_candidates(model, reference, names, example, calib, heldout, max_rel_error)
     size_before = model_size_bytes(reference)
     if not built:
-        return _float_result(reference, size_before, candidates, "no candidate within tolerance on held-out inputs")
+        return _float_result(reference, size_before, candidates, _why_none(model, reference, candidates))
 
     def runner(m: nn.Module) -> Callable[[], Any]:
         def fn() -> Any:
@@ -326,7 +390,22 @@ def quantize_for_inference(
         heldout_rel_error=candidates[best]["heldout_rel_error"],
         calibration_rel_error=candidates[best]["calibration_rel_error"],
         decision=evidence,
+        quantized_layers=candidates[best]["quantized_layers"],
     )
+
+
+def _why_none(model: nn.Module, reference: nn.Module, candidates: dict[str, dict[str, Any]]) -> str:
+    """Why no candidate was built: nothing quantizable, or nothing accurate enough."""
+    if any(c["status"] == "too_inaccurate" for c in candidates.values()):
+        return "no candidate within tolerance on held-out inputs"
+    if any(c["status"] == "no_layer_quantized" for c in candidates.values()):
+        layers = _float_layers(reference)
+        shown = ", ".join(layers[:6]) + (", ..." if len(layers) > 6 else "")
+        return (
+            f"no layer of {type(model).__name__} could be quantized: every backend that ran left all its layers in "
+            f"float ({len(layers)} conv/linear layers: {shown or 'none'})"
+        )
+    return "every candidate failed"
 
 
 def _float_result(

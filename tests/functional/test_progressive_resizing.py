@@ -16,7 +16,9 @@ def test_progressive_resizing_functional():
     images, labels, mask = torch.rand(4, 3, 32, 24), torch.arange(4), torch.zeros(4, 1, 32, 24, dtype=torch.long)
     out = resize_batch({"x": images, "y": labels, "meta": [mask, "id"]}, 0.5)
     assert tuple(out["x"].shape) == (4, 3, 16, 12)
-    assert out["y"] is labels and out["meta"][0] is mask and out["meta"][1] == "id"  # only float images change
+    assert out["y"] is labels and out["meta"][1] == "id"  # class labels and non-tensors pass through
+    # a per-pixel target of the image's size follows it, by nearest neighbour, keeping its dtype
+    assert out["meta"][0].shape == (4, 1, 16, 12) and out["meta"][0].dtype == torch.long
     # antialiased bilinear: a constant image stays constant, the mean is kept
     flat = resize_images(torch.full((1, 1, 8, 8), 0.25), (4, 4))
     torch.testing.assert_close(flat, torch.full((1, 1, 4, 4), 0.25))
