@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,6 @@ from torch import nn
 
 from lightning_speedups._errors import check_module_names
 from lightning_speedups._rebuild import ParamOrigin
-from lightning_speedups.functional._masks import weight_mask
 
 __all__ = [
     "PRUNABLE",
@@ -32,7 +32,8 @@ __all__ = [
 ]
 
 PRUNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-_MASKED_SUFFIX = ".parametrizations.weight.original"
+# `<module>.parametrizations.<tensor>.original` (or original0 / original1 under a weight norm)
+_PARAMETRIZED = re.compile(r"^(?:(.*)\.)?parametrizations\.([^.]+)\.original\d?$")
 
 
 @dataclass
@@ -69,7 +70,7 @@ class SparsityReport:
 
 
 def sparsity_report(model: nn.Module) -> SparsityReport:
-    """Count parameters and exact zeros; masked weights (``weight_orig`` * ``weight_mask``) count as ``weight``.
+    """Count parameters and exact zeros; masked or weight-normed tensors count as the tensor forward sees.
 
     Example::
 
@@ -84,11 +85,13 @@ def sparsity_report(model: nn.Module) -> SparsityReport:
             continue
         seen.add(id(param))
         tensor = param.detach()
-        if name.endswith(_MASKED_SUFFIX):  # a parametrized (masked) weight: count it as `weight`, mask applied
-            mod_name = name[: -len(_MASKED_SUFFIX)]
-            mask = weight_mask(model.get_submodule(mod_name))
-            name = f"{mod_name}.weight"
-            tensor = tensor * mask if mask is not None else tensor
+        parametrized = _PARAMETRIZED.match(name)
+        if parametrized:  # a parametrized tensor (mask, weight norm, both): count what forward sees, once
+            mod_name, attr = parametrized.group(1) or "", parametrized.group(2)
+            name = f"{mod_name}.{attr}" if mod_name else attr
+            if name in layers:  # weight norm's second stored tensor (original1) of a tensor already counted
+                continue
+            tensor = getattr(model.get_submodule(mod_name), attr).detach()
         elif name.endswith("_orig"):  # torch.nn.utils.prune's weight_orig / weight_mask pair
             mod_name, _, attr = name[: -len("_orig")].rpartition(".")
             mask = getattr(model.get_submodule(mod_name), attr + "_mask", None)

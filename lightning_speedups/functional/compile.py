@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_callable, check_choice, check_module_names
+from lightning_speedups._structure import keep_metadata
 
 __all__ = [
     "COMPILE_MODES",
@@ -247,7 +249,19 @@ def strip_compile_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
         >>> list(strip_compile_prefix({"net._orig_mod.0.weight": 1, "head.bias": 2}))
         ['net.0.weight', 'head.bias']
     """
-    return {key.replace(_PREFIX, ""): value for key, value in state_dict.items()}
+    out = keep_metadata({}, {key.replace(_PREFIX, ""): value for key, value in state_dict.items()})
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:  # module versions (BatchNorm reads them on load) follow their renamed modules
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (_strip_prefix_name(prefix), dict(value)) for prefix, value in metadata.items()
+        )
+    return out
+
+
+def _strip_prefix_name(prefix: str) -> str:
+    """A ``_metadata`` module prefix without its ``_orig_mod`` segments (``"net._orig_mod"`` -> ``"net"``)."""
+    name = (prefix + ".").replace(_PREFIX, "")
+    return name[:-1]
 
 
 def align_compiled_keys(state_dict: Mapping[str, Any], module: nn.Module) -> dict[str, Any]:

@@ -126,3 +126,14 @@ def test_compiled_checkpoint_keys():
     torch.testing.assert_close(wrapped[0].weight, inplace[0].weight)
     # unknown keys are kept, so strict loading still reports them
     assert "extra" in align_compiled_keys({"extra": 1}, plain)
+
+
+def test_strip_compile_prefix_keeps_module_versions():
+    wrapper = nn.Module()
+    wrapper.net = torch.compile(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
+    state = strip_compile_prefix(wrapper.state_dict())
+    # BatchNorm reads its version from `_metadata` on load; the renamed prefixes keep it
+    assert state._metadata["net.1"]["version"] == 2 and not any("_orig_mod" in k for k in state._metadata)
+    fresh = nn.Module()
+    fresh.net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    fresh.load_state_dict(state)

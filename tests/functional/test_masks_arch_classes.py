@@ -26,6 +26,7 @@ from lightning_speedups.functional._masks import (
     resolve_mask_key,
     weight_mask,
 )
+from lightning_speedups.functional._prune_common import sparsity_report
 from lightning_speedups.functional._pruned_records import load_pruned, save_pruned
 from lightning_speedups.functional.qat import prepare_qat, qat_record
 from tests.helpers import quiet_trainer
@@ -92,6 +93,8 @@ def test_masks_recurrent_weights_are_what_forward_uses(cell, kw):
     names = maskable_names(model.rnn)
     assert set(summary.layers) == {f"rnn.{n}" for n in names} and weight_mask(model.head) is None
     assert summary.sparsity > 0.3  # recurrent weights are most of the model
+    report = sparsity_report(model)  # the public report counts the masked recurrent tensors as forward sees them
+    assert {f"rnn.{n}" for n in names} <= set(report.layers) and report.sparsity > 0.3
     # the forward uses the masked weights: an RNN rebuilt from the masked values gives the same output
     plain = cell(6, 8, batch_first=True, **kw)
     with torch.no_grad():
@@ -187,6 +190,8 @@ def test_masks_weight_norm_stack_clean_permanent(tmp_path):
     prune_unstructured(model, 0.5)
     plist = model.conv.parametrizations.weight
     assert _compat.is_weight_norm(plist[0]) and weight_mask(model.conv) is not None  # stacked after the norm
+    numel, zeros = sparsity_report(model).layers["conv.weight"]  # counted once, mask and norm applied
+    assert zeros >= numel // 2 - 1
     x = torch.randn(2, 4, 7)
     expected = model(x).detach()
     state = clean_pruned_state_dict(model.state_dict())

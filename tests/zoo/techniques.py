@@ -216,7 +216,8 @@ def _effect_pruning(model: torch.nn.Module, cbs: list[Callback], dense: int) -> 
 
 
 def _effect_mask(model: torch.nn.Module, cbs: list[Callback], dense: int) -> str | None:
-    zeros = sum(int((p == 0).sum()) for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1)
+    # recurrent (weight_hh_l0) and weight-normed (parametrizations.weight.original1) matrices count too
+    zeros = sum(int((p == 0).sum()) for n, p in model.named_parameters() if "weight" in n and p.dim() > 1)
     return None if zeros > 0 else "mask pruning left no zero weight"
 
 
