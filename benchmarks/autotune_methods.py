@@ -17,7 +17,7 @@ bench's target (95% on digits, 90% on shapes). Step costs do not differ between 
 does not change the counts, only how long the script takes.
 
 A method enters autotune's default ``methods`` only when it needs fewer intervals on both tasks; the counts in
-``lightning_speedups/_autotune_methods.py`` come from this script (2026-12-01).
+``lightning_speedups/autotune/methods.py`` come from this script (2026-12-01).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import lightning as L
 
-from lightning_speedups._autotune_methods import EMA_DECAY, SCHEDULE_PEAK, method_callbacks, schedule_warmup
+from lightning_speedups.autotune.methods import EMA_DECAY, SCHEDULE_PEAK, method_callbacks, schedule_warmup
 from lightning_speedups.benchmarks import recipes as bench
 from lightning_speedups.benchmarks._common import TrainClock
 from lightning_speedups.callbacks.channels_last import ChannelsLast

@@ -76,6 +76,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(L|F|v2)\..*|Figure|Axes"),
     # private names of this package (a private base class in show-inheritance, `_Candidate`): not documented by design
     (r"py:.*", r"lightning_speedups(\.\w+)*\._\w+"),
+    # the inner modules of a technique's folder: its public names are documented where the folder re-exports them
+    (r"py:.*", r"lightning_speedups\.(functional\.|callbacks\.)?(batch_size|advisor|autotune|measure)\.\w+\.\w+"),
     # type aliases of this package (`Scheduler`, `DeviceLike`, `BackboneSpec`): unions of library types, not classes
     (r"py:.*", r"(lightning_speedups(\.\w+)*\.)?(Scheduler|DeviceLike|BackboneSpec|Factory|Rule|Batch)"),
 ]

@@ -109,6 +109,15 @@ def init_optimizers_and_schedulers(pl_module: Any) -> tuple[list[Any], list[Any]
     return _init_optimizers_and_lr_schedulers(pl_module)
 
 
+def averaged_model(callback: Any) -> Any:
+    """The ``AveragedModel`` a Lightning ``WeightAveraging`` callback keeps (``None`` outside fit).
+
+    Relies on: ``lightning.pytorch.callbacks.WeightAveraging._average_model`` (2.5 - 2.6), set in ``setup`` for the
+    fit stage and read by its own ``on_load_checkpoint``.
+    """
+    return callback._average_model
+
+
 # --- torch-pruning ---------------------------------------------------------------------------------------------
 
 
@@ -143,6 +152,41 @@ def tp_index_budget(limit: int) -> Iterator[dict[str, int]]:
         yield counter
     finally:
         helpers._HybridIndex = original
+
+
+class GraphLoop(RuntimeError):
+    """torch-pruning's dependency propagation went round a loop (see :func:`tp_group_loop_guard`)."""
+
+
+@contextlib.contextmanager
+def tp_group_loop_guard(max_repeats: int = 256) -> Iterator[None]:
+    """Raise :class:`GraphLoop` once one group adds the same (layer, pruning op) ``max_repeats`` times.
+
+    Relies on: ``torch_pruning.dependency.group.Group.add_dep(dep, idxs)`` (1.4 - 1.6), which the dependency graph
+    calls for every op it propagates into a group. On models whose index mappings never settle (rotary position
+    embeddings that split and re-concatenate halves, as in Llama) the propagation re-adds the same ops with new
+    indices forever, while creating no new index records; counting repeats per op ends it. A legitimate group adds
+    one op once per path into it (a DenseNet block's concatenation: one per layer), far below the bound.
+    """
+    group_module = importlib.import_module("torch_pruning.dependency.group")
+    original = group_module.Group.add_dep
+
+    def add_dep(self: Any, dep: Any, idxs: Any) -> Any:
+        counts = self.__dict__.setdefault("_ls_repeats", {})
+        key = (id(dep.target), dep.handler)
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] > max_repeats:
+            raise GraphLoop(
+                f"a dependency loop: one group reached {dep.target} with {getattr(dep.handler, '__name__', 'an op')} "
+                f"more than {max_repeats} times"
+            )
+        return original(self, dep, idxs)
+
+    group_module.Group.add_dep = add_dep
+    try:
+        yield
+    finally:
+        group_module.Group.add_dep = original
 
 
 @contextlib.contextmanager
@@ -184,7 +228,7 @@ def tp_scope_channels(pruner: Any) -> dict[str, int]:
 
 
 # --- batch size finder / LR finder ---------------------------------------------------------------------------------
-# Used by callbacks/batch_size.py, callbacks/_batch_size_trials.py, functional/batch_size.py and optim/lr_curve.py.
+# Used by callbacks/batch_size/, functional/batch_size/ and optim/lr_curve.py.
 # Each is checked by tests/test_compat.py against the installed versions. The version in each docstring is the one
 # it was checked on (Lightning 2.6.6); the older releases pyproject.toml allows were not at hand to try.
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_speedups._autotune_cache import PlanCache, plan_key
+from lightning_speedups.measure import PlanCache, plan_key
 from lightning_speedups._errors import check_choice
 
 __all__ = ["cached_probe", "measure_cpu_layout_and_precision"]
@@ -35,14 +35,14 @@ def measure_cpu_layout_and_precision(
     through :func:`lightning_speedups.measure.compare` (at least ``repeats`` shuffled rounds, more until every
     interval clears or misses ``margin`` or lies wholly below a clearer winner's, at most ``budget_s`` seconds;
     ``clock`` is injectable). A candidate is chosen only when it is clearly ``margin`` faster than fp32 NCHW; within
-    noise the conservative fp32 / NCHW stays. The ratios are :class:`~lightning_speedups._measure_ratio.MeasuredRatio`
+    noise the conservative fp32 / NCHW stays. The ratios are :class:`~lightning_speedups.measure.MeasuredRatio`
     values (conservative, with their median, interval and rounds). ``precisions`` limits the candidates
     (``("32-true",)``: the layout only, for a run whose precision is already chosen). About a second for a small CNN;
     the user's model is not touched. On a Xeon with AMX, bf16 + channels_last measured 2-3x faster for the demo CNN;
     on CPUs without bf16 units bf16 is ~10x slower, and channels_last helps some CPUs and not others: hence measure,
     not assume.
     """
-    from lightning_speedups._measure_ratio import MeasuredRatio, conservative_ratio
+    from lightning_speedups.measure import MeasuredRatio, conservative_ratio
     from lightning_speedups.measure import compare, make_train_step, model_copy
 
     for p in precisions:

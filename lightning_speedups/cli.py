@@ -60,7 +60,22 @@ def _split(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
+def _cmd_evidence(args: argparse.Namespace) -> int:
+    from lightning_speedups.benchmarks.evidence import format_evidence
+
+    page = format_evidence(args.from_json)  # the committed results only: nothing runs
+    if not args.markdown:
+        print(page, end="")
+        return 0
+    with open(args.markdown, "w") as f:
+        f.write(page)
+    print(f"wrote {args.markdown}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.from_json:
+        return _cmd_evidence(args)
     import lightning_speedups  # noqa: F401  (registers the techniques)
     from lightning_speedups.benchmarks.runner import (
         format_markdown,
@@ -126,7 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="baseline vs each technique on the demo task, interleaved, as ratios")
     bench.add_argument("--quick", action="store_true", help="small sizes: about a minute or two on 2 CPU cores")
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    bench.add_argument("--markdown", metavar="PATH", help="write the results as a markdown table")
+    bench.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="write the results as a markdown table; with --from-json, write the evidence page (docs/evidence.md)",
+    )
+    bench.add_argument(
+        "--from-json",
+        metavar="DIR",
+        help="run nothing: collect the committed results in DIR (docs/_data) into the evidence page, one section per "
+        "technique, each table with its machine and date",
+    )
     bench.add_argument("--plots", metavar="DIR", help="write PNG charts (needs matplotlib)")
     bench.add_argument(
         "--only",

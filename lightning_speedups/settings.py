@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups._measure_ratio import describe_ratio
+from lightning_speedups.measure import describe_ratio
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._settings_vocab import (
     _REMOVED_STRATEGIES,
@@ -90,7 +90,7 @@ def cpu_bf16_speed_ratio(repeats: int = 5) -> float:
     units (a 2-core AMD EPYC) bf16 is emulated and ~10x slower. So the probe runs convolutions and a matmul, forward
     and backward, like training does, interleaved through :func:`lightning_speedups.measure.compare` until the
     interval of the median ratio clears 1.3 or 3 s run out. The value is conservative (a
-    :class:`~lightning_speedups._measure_ratio.MeasuredRatio`: the interval's end nearest 1, 1.0 within noise), so
+    :class:`~lightning_speedups.measure.MeasuredRatio`: the interval's end nearest 1, 1.0 within noise), so
     ``> 1.3`` means clearly 30% faster; its ``median``, ``interval`` and ``trials`` are the evidence.
     """
     gen = torch.Generator().manual_seed(0)

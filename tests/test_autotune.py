@@ -12,8 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups import SpeedupConfigError
-from lightning_speedups import _autotune_trials as trials
-from lightning_speedups.autotune import TunePlan, autotune, list_candidates
+from lightning_speedups.autotune import TunePlan, autotune, list_candidates, trials
 from lightning_speedups.demo import DemoClassifier
 
 

@@ -9,9 +9,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, SubsetRandomSampler
 
-from lightning_speedups import _autotune_trials as trials
-from lightning_speedups._autotune_optim import trial_optimizer, with_implementation
-from lightning_speedups.autotune import autotune
+from lightning_speedups.autotune import autotune, trials
+from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.demo import DemoClassifier
 from tests.test_autotune import FakeMachine, _loader, _patched

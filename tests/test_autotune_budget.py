@@ -10,9 +10,9 @@ import lightning as L
 import pytest
 from torch import nn
 
-from lightning_speedups._autotune_budget import Skipped, budget_note
-from lightning_speedups._autotune_trials import COMPARISON_STEPS, MIN_ROUNDS
 from lightning_speedups.autotune import autotune
+from lightning_speedups.autotune.budget import Skipped, budget_note
+from lightning_speedups.autotune.trials import COMPARISON_STEPS, MIN_ROUNDS
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.demo import DemoClassifier
 from tests.test_autotune import FakeMachine, _fake_tune, _loader, _patched

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups._autotune_kinds import EVIDENCE, KINDS, evidence_text, model_kind, proven_kinds
 from lightning_speedups.autotune import autotune
+from lightning_speedups.autotune.kinds import EVIDENCE, KINDS, evidence_text, model_kind, proven_kinds
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.demo import DemoClassifier

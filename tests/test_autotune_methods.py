@@ -11,8 +11,8 @@ from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups import SpeedupConfigError
-from lightning_speedups._autotune_methods import METHODS, ema_blocker
 from lightning_speedups.autotune import autotune
+from lightning_speedups.autotune.methods import METHODS, ema_blocker
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.demo import DemoClassifier
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_speedups._autotune_methods import METHODS
+from lightning_speedups.autotune.methods import METHODS
 from tests.helpers import load_benchmark_script
 
 

@@ -11,9 +11,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint, StochasticWeightAveragi
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups._autotune_methods import method_callbacks, schedule_warmup
-from lightning_speedups._autotune_optim import returns_scheduler as _returns_scheduler
 from lightning_speedups.autotune import autotune
+from lightning_speedups.autotune.methods import method_callbacks, schedule_warmup
+from lightning_speedups.autotune.optim import returns_scheduler as _returns_scheduler
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.lr_finder import LRFinder

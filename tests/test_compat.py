@@ -297,3 +297,12 @@ def test_undo_lr_find_debias() -> None:
            "undo_lr_find_debias", f"Lightning's smoothed losses no longer read off by one step: {raw[:4]}")
     fixed = _call(_compat.undo_lr_find_debias, raw)
     _check(all(math.isclose(x, 2.0, rel_tol=1e-6) for x in fixed), "undo_lr_find_debias", f"fixed {fixed[:4]}")
+
+
+def test_averaged_model_reads_lightnings_weight_averaging():
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    from lightning_speedups._compat import averaged_model
+
+    callback = EMAWeightAveraging()
+    assert averaged_model(callback) is None, "WeightAveraging no longer starts with `_average_model = None`"

@@ -106,3 +106,22 @@ def test_compat_ddp_and_optimizer_setup_names():
     quiet_trainer(max_steps=1).fit(model, _loader())  # attached to a trainer, as during a fit
     optimizers, configs = _compat.init_optimizers_and_schedulers(model)
     assert len(optimizers) == 1 and configs == [], "_init_optimizers_and_lr_schedulers changed its return value"
+
+
+def test_tp_group_loop_guard_counts_repeats_and_restores():
+    import torch_pruning as tp
+
+    from lightning_speedups._compat import GraphLoop, tp_group_loop_guard
+
+    original = tp.dependency.group.Group.add_dep
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    dg = tp.DependencyGraph().build_dependency(model, example_inputs=torch.zeros(1, 4))
+    group = dg.get_pruning_group(model[0], tp.prune_linear_out_channels, idxs=[0])
+    dep, idxs = group[0]
+    with tp_group_loop_guard(max_repeats=2):
+        loop = tp.dependency.group.Group()
+        loop.add_dep(dep, idxs)
+        loop.add_dep(dep, idxs)
+        with pytest.raises(GraphLoop, match="more than 2 times"):
+            loop.add_dep(dep, idxs)
+    assert tp.dependency.group.Group.add_dep is original, "Group.add_dep was not restored"

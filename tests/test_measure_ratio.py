@@ -10,11 +10,10 @@ import torch
 
 import lightning_speedups.settings as S
 from lightning_speedups import recipes
-from lightning_speedups._measure_ratio import MeasuredRatio, describe_ratio, measured_ratio, ratio_evidence
 from lightning_speedups.demo import DemoClassifier
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import Measurements, diagnose
-from lightning_speedups.measure import compare
+from lightning_speedups.measure import MeasuredRatio, compare, describe_ratio, measured_ratio, ratio_evidence
 from tests.test_measure_decisions import _noisy
 
 NOISE = {"uniform-30pct": (0.3, 10**9), "outlier-1-in-5": (0.1, 5)}

@@ -2,8 +2,8 @@
 
 At ``builder-inited`` it writes (into ``docs/_auto/``, git-ignored, rebuilt every build):
 
-- ``measured/<technique>.md`` + ``.png``: the rows of README.md's measured table for that technique, and a chart of
-  them (one source of truth: the README table);
+- ``measured/<technique>.md`` + ``.png``: the rows of the full-run measured table (``docs/_data/measured.json``, also
+  in ``docs/evidence.md``) for that technique, and a chart of them;
 - ``info/<technique>.md``: the facts of its :class:`~lightning_speedups.TechniqueInfo` record;
 - ``bench/*.png`` + ``bench/summary.md``: the charts and table of the committed bench JSON (``docs/_data/bench.json``,
   written by ``lightning-speedups bench --json``);
@@ -40,8 +40,9 @@ DOCS = Path(__file__).resolve().parents[1]
 ROOT = DOCS.parent
 AUTO = DOCS / "_auto"
 BENCH_JSON = DOCS / "_data" / "bench.json"
+MEASURED_JSON = DOCS / "_data" / "measured.json"
 
-# registered technique -> its page (docname) and the README measured-table technique names it shows
+# registered technique -> its page (docname) and the measured-table technique names it shows
 TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "trainer_settings": ("trainer_settings", ("precision",)),
     "advisor": ("techniques/advisor", ("advisor",)),
@@ -61,7 +62,7 @@ TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def _page(technique: str) -> tuple[str, tuple[str, ...]]:
-    """(docname, README technique names) of a registered technique; new techniques default to their own name."""
+    """(docname, measured-table technique names) of a registered technique; new techniques default to their own name."""
     return TECHNIQUE_PAGES.get(technique, (f"techniques/{technique}", (technique,)))
 
 
@@ -90,24 +91,18 @@ def copy_notebooks() -> list[str]:
     return [s.stem for s in sources]
 
 
-# ---------------------------------------------------------------- README measured table
+# ---------------------------------------------------------------- measured table (docs/_data/measured.json)
 
 
 def readme_measured() -> tuple[str, list[dict[str, str]]]:
-    """The machine line and the rows of README.md's "Measured speedups" table."""
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"^## Measured speedups.*?$(.*?)(?=^## )", text, flags=re.S | re.M)
-    if not match:
-        logger.warning("README.md has no '## Measured speedups' section", type="lsdocs")
+    """The machine line and the rows of the full-run measured table (``docs/_data/measured.json``, also rendered in
+    ``docs/evidence.md``)."""
+    if not MEASURED_JSON.exists():
+        logger.warning("docs/_data/measured.json is missing", type="lsdocs")
         return "", []
-    section = match.group(1)
-    machine = next((ln for ln in section.splitlines() if ln.startswith("Machine:")), "")
-    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
-    if len(lines) < 3:
-        return machine, []
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
-    return machine, rows
+    payload = json.loads(MEASURED_JSON.read_text())
+    machine = f"Machine: {payload['machine']}, {payload['date']}."
+    return machine, [dict(zip(payload["columns"], row)) for row in payload["rows"]]
 
 
 def _ratio(value: str) -> float:
@@ -170,10 +165,10 @@ def write_measured_includes() -> None:
         readme_names = _page(technique)[1]
         mine = [r for r in rows if r.get("technique") in readme_names]
         if not mine:
-            body = "The README's measured table has no row for this technique.\n"
+            body = "The measured table has no row for this technique.\n"
         else:
             body = (
-                f"From README.md, *Measured speedups* ({machine.removeprefix('Machine: ').rstrip('.')}). "
+                f"From the full bench run in {{doc}}`/evidence` ({machine.removeprefix('Machine: ').rstrip('.')}). "
                 "Regenerate with `lightning-speedups bench`.\n\n"
                 + "| "
                 + " | ".join(header)
@@ -187,7 +182,7 @@ def write_measured_includes() -> None:
                 chart,
                 [r["variant"] for r in mine],
                 [_ratio(r["speedup"]) for r in mine],
-                f"{technique}: README measured table",
+                f"{technique}: measured table (full bench run)",
             )
             body += (
                 f"\n```{{figure}} /_auto/measured/{technique}.png\n:alt: speedups of {technique}\n\n"

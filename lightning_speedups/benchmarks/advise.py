@@ -75,7 +75,7 @@ def _hook_cost_s(calls: int = 20000) -> float:
 
 
 def _utilisation_note(summary: dict[str, Any]) -> str:
-    """``baseline step 4.7 GFLOP/s = 1.4% of an estimated peak of 333 GFLOP/s`` (or why there is no utilisation)."""
+    """``baseline step <achieved> GFLOP/s = <util>% of an estimated peak of <peak>``, or why there is no utilisation."""
     achieved, util, peak = summary.get("achieved_flops"), summary.get("utilisation"), summary.get("peak_flops")
     if achieved is None:
         return "FLOPs not counted"
@@ -169,14 +169,23 @@ def threads_rows(quick: bool = True) -> list[BenchRow]:
                                        warmup=1)  # fmt: skip
         base, cand = median(reps["current"]), median(reps["fewer"])
         said = measured is not None and measured > 1.05
-        rows.append(BenchRow(
-            "advisor", f"cpu_threads fix, {label}: {threads} -> {fewer} torch threads", "train step time", base, cand,
-            base / cand, unit="s",
-            note=(f"the advisor measured {float(measured or 0):.2f}x on a model copy and "
-                  + ("suggests (apply=True sets) torch.set_num_threads" if said else "stays silent")
-                  + "; DemoClassifier(width=32), batch 32, fwd+bwd+Adam, medians of interleaved runs"),
-            extra={"advisor_measured": None if measured is None else float(measured), "advisor_says": said},
-        ))
+        rows.append(
+            BenchRow(
+                "advisor",
+                f"cpu_threads fix, {label}: {threads} -> {fewer} torch threads",
+                "train step time",
+                base,
+                cand,
+                base / cand,
+                unit="s",
+                note=(
+                    f"the advisor measured {float(measured or 0):.2f}x on a model copy and "
+                    + ("suggests (apply=True sets) torch.set_num_threads" if said else "stays silent")
+                    + "; DemoClassifier(width=32), batch 32, fwd+bwd+Adam, medians of interleaved runs"
+                ),
+                extra={"advisor_measured": None if measured is None else float(measured), "advisor_says": said},
+            )
+        )
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import inspect
 import json
@@ -181,6 +182,7 @@ def format_markdown(rows: Sequence[BenchRow], machine: dict[str, Any] | None = N
 def write_json(path: str | Path, rows: Sequence[BenchRow], errors: dict[str, str], quick: bool) -> None:
     payload = {
         "machine": machine_info(),
+        "date": datetime.date.today().isoformat(),  # the evidence page prints it once per table
         "quick": quick,
         "rows": [r.as_dict() for r in rows],
         "errors": errors,

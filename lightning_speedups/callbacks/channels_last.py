@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
 
 from lightning_speedups._errors import check_bool
 from lightning_speedups._registry import TechniqueInfo, register_technique
@@ -56,6 +57,7 @@ class ChannelsLast(Callback):
         self.converted_batches = 0
         self._hook: RemovableHandle | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         summary = apply_channels_last(pl_module, warn=False)
         if not summary.converted:
@@ -71,6 +73,7 @@ class ChannelsLast(Callback):
         if self.convert_batch and self._hook is None:
             self._hook = pl_module.register_forward_pre_hook(_forward_pre_hook, with_kwargs=True)
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._hook is not None:
             self._hook.remove()
@@ -81,26 +84,31 @@ class ChannelsLast(Callback):
             self.converted_batches += 1
             to_channels_last_(batch)
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._convert(batch)
 
+    @override
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._convert(batch)
 
+    @override
     def on_test_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._convert(batch)
 
+    @override
     def on_predict_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._convert(batch)
 
+    @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         # the layout is a runtime choice: save plain NCHW so any loader (safetensors, other frameworks) accepts it
         state = checkpoint.get("state_dict")

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
@@ -109,6 +110,7 @@ class TorchCompile(Callback):
             )
         return names
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._load_hook is None:
             self._load_hook = pl_module.register_load_state_dict_pre_hook(_align_keys_hook)
@@ -129,6 +131,7 @@ class TorchCompile(Callback):
             "the first step of each stage includes the compile time."
         )
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -142,11 +145,13 @@ class TorchCompile(Callback):
                 "`compile_attr` with their names."
             )
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._load_hook is not None:
             self._load_hook.remove()
             self._load_hook = None
 
+    @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict")
         if isinstance(state, dict) and any("_orig_mod." in k for k in state):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import lightning as L
@@ -11,8 +12,10 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelP
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_speedups._compat import averaged_model
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._structure import keep_metadata
 from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model
 
 __all__ = ["AVERAGING_CALLBACKS", "EMA", "SHARDED_STRATEGIES"]
@@ -110,9 +113,7 @@ class EMA(EMAWeightAveraging):
                     "copy of the model on every rank."
                 )
             others = [
-                type(cb).__name__
-                for cb in trainer.callbacks
-                if cb is not self and isinstance(cb, AVERAGING_CALLBACKS)
+                type(cb).__name__ for cb in trainer.callbacks if cb is not self and isinstance(cb, AVERAGING_CALLBACKS)
             ]
             if others:
                 raise SpeedupConfigError(
@@ -132,14 +133,37 @@ class EMA(EMAWeightAveraging):
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # keep the raw weights: a checkpoint saved after fit must resume from them, not from the average
-        self._raw_state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        state = pl_module.state_dict()
+        self._raw_state = keep_metadata(state, {k: v.detach().clone() for k, v in state.items()})
         super().on_train_end(trainer, pl_module)
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if self._raw_state is not None and "current_model_state" in checkpoint:
-            checkpoint["current_model_state"] = dict(self._raw_state)
+            checkpoint["current_model_state"] = keep_metadata(self._raw_state, self._raw_state)
+        # Lightning rebuilds the average's state as a plain dict: put the module versions back (MNASNet and
+        # BatchNorm read them on load, and refuse a state dict without them)
+        source = pl_module.state_dict()
+        for key in ("state_dict", "current_model_state"):
+            if key in checkpoint and getattr(checkpoint[key], "_metadata", None) is None:
+                checkpoint[key] = keep_metadata(source, checkpoint[key])
+
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        average = averaged_model(self)
+        metadata = getattr(checkpoint.get("state_dict"), "_metadata", None)
+        if average is None or metadata is None or not {"current_model_state", "averaging_state"} <= set(checkpoint):
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
+            return
+        # Lightning's own load, with the module versions kept under the average's `module.` prefix
+        state: dict[str, Any] = OrderedDict(("module." + k, v) for k, v in checkpoint["state_dict"].items())
+        state.update(checkpoint["averaging_state"])
+        state._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (f"module.{k}" if k else "module", dict(v)) for k, v in metadata.items()
+        )
+        average.load_state_dict(state)
+        pl_module.load_state_dict(checkpoint["current_model_state"])
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
+from typing_extensions import override
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._rebuild import rewrap_ddp
@@ -161,6 +162,7 @@ class FineTuneFreezing(Callback):
         return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
     # ----- Lightning hooks ---------------------------------------------------------------------------------------
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -219,6 +221,7 @@ class FineTuneFreezing(Callback):
         self._saved_opt_cfg = (pl_module, cfg)
         pl_module.optimizer_config = make(lm)
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._fresh_norms is None:  # after the module's own setup / configure_model (pretrained weights loaded)
             self._fresh_norms = self._find_fresh_norms(pl_module)
@@ -300,6 +303,7 @@ class FineTuneFreezing(Callback):
             for s in scheds:
                 _expand_scheduler(s, sources)
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         target = self.target(trainer.current_epoch)
         changed = target != self.unfrozen
@@ -320,6 +324,7 @@ class FineTuneFreezing(Callback):
         pl_module.log("finetune/trainable_params", float(n), **log_kw)
         pl_module.log("finetune/unfrozen_groups", float(len(self.unfrozen)), **log_kw)
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -336,6 +341,7 @@ class FineTuneFreezing(Callback):
             if m.training:
                 freeze(m)  # eval mode + no grad: the running statistics keep their pretrained values
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._saved_opt_cfg is not None:  # give the model its own optimizer config back
             module, cfg = self._saved_opt_cfg
@@ -344,10 +350,12 @@ class FineTuneFreezing(Callback):
         self._fresh_norms = None  # a next fit decides again, from the statistics it starts with
 
     # ----- checkpointing -----------------------------------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         fresh = None if self._fresh_norms is None else list(self._fresh_norms)
         return {"unfrozen": list(self.unfrozen), "groups": [g.name for g in self.groups], "fresh_norms": fresh}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # called after setup() and before DDP wraps the model: re-freeze exactly what the checkpoint had frozen
         if state_dict.get("fresh_norms") is not None:  # the statistics are trained by now: keep the run's decision

@@ -11,6 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr
+from typing_extensions import override
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
@@ -77,6 +78,7 @@ class LRFinder(LearningRateFinder):
         self.plot_path = plot_path
         self.result: LRFinderResult | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         has_lr = getattr(pl_module, "optimizer_config", None) is not None or any(
             lightning_hasattr(pl_module, a) for a in ("lr", "learning_rate")
@@ -88,6 +90,7 @@ class LRFinder(LearningRateFinder):
                 "SpeedupMixin."
             )
 
+    @override
     def lr_find(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.ckpt_path is not None or trainer.global_step != 0:
             rank_zero_info("LRFinder: resumed run, keeping the checkpoint's learning rate.")
@@ -106,6 +109,7 @@ class LRFinder(LearningRateFinder):
         if self.plot_path is not None and trainer.is_global_zero:
             self.result.plot(os.fspath(self.plot_path))
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"lr": None if self.result is None else self.result.lr, "rule": self.rule}
 

@@ -25,7 +25,7 @@ from lightning_speedups._inputs import (
     head_samples,
 )
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.callbacks._batch_hooks import after_batch_to_device
+from lightning_speedups.callbacks._resize_hooks import after_batch_to_device
 from lightning_speedups.functional.progressive_resizing import (
     INTERPOLATIONS,
     MODES,

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_speedups._compat import (
     before_model_weights_load,
@@ -150,6 +151,7 @@ class Pruning(L.Callback):
         self.last_summary: PruningSummary | None = None
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(mode=self.mode, amount=self.amount)
 
@@ -176,6 +178,7 @@ class Pruning(L.Callback):
         if own is not None:
             self.load_state_dict(own)
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -231,6 +234,7 @@ class Pruning(L.Callback):
             )
         return inputs
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         masks = dict(self._masks)
         if self.mode == "unstructured" and self._model is not None:
@@ -239,6 +243,7 @@ class Pruning(L.Callback):
         return {"steps_done": self.steps_done, "applied": self.applied, "params_dense": self.params_dense,
                 "channels": dict(self.channels), "masks": masks}  # fmt: skip
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps_done = int(state_dict.get("steps_done", 0))
         self.applied = float(state_dict.get("applied", 0.0))
@@ -246,6 +251,7 @@ class Pruning(L.Callback):
         self._masks = dict(state_dict.get("masks") or {})
         self.channels = dict(state_dict.get("channels") or {})
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._model = pl_module
         if self.params_dense is None:
@@ -257,6 +263,7 @@ class Pruning(L.Callback):
             rewrap_ddp(trainer)  # parametrizing re-sets the weights: DDP's gradient hooks must be registered anew
 
     # ------------------------------------------------------------------ pruning
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         due = [(e, a) for e, a in self.schedule[self.steps_done :] if e <= trainer.current_epoch]
         if not due:
@@ -318,11 +325,13 @@ class Pruning(L.Callback):
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True)  # same on every rank
 
     # ------------------------------------------------------------------ end / checkpoints
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode == "unstructured" and self.make_permanent:
             self._masks = {k: m.bool().clone() for k, m in named_masks(pl_module).items()}
             make_pruning_permanent(pl_module)
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or not is_spawn_launcher(trainer):
             return
@@ -338,6 +347,7 @@ class Pruning(L.Callback):
                 "use strategy='ddp'."
             )
 
+    @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.mode == "structured" and self.steps_done > 0:
             store_structure_record(checkpoint, RECORD_KEY, pruned_structure_record(pl_module))

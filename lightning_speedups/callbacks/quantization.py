@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
+from typing_extensions import override
 
 from lightning_speedups._compat import before_model_weights_load
 from lightning_speedups._errors import SpeedupConfigError, check_callable, check_choice, check_int, require
@@ -97,6 +98,7 @@ class QuantizationAwareTraining(Callback):
         self.quantized_model: nn.Module | None = None
         self.report: QuantizationReport | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require("torchao.quantization.qat", "quantization", "QuantizationAwareTraining")
         max_epochs = trainer.max_epochs
@@ -122,6 +124,7 @@ class QuantizationAwareTraining(Callback):
         # resume: rebuild the fake quantizers right before the strategy restores the weights
         before_model_weights_load(trainer.strategy, "qat", lambda ckpt: apply_structure_records(pl_module, ckpt))
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch >= self.start_epoch and qat_record(pl_module) is None:
             # fake-quantized layers share the original Parameters: optimizer and DDP need no rebuild
@@ -131,6 +134,7 @@ class QuantizationAwareTraining(Callback):
                 f"{len(self.summary.converted)} layers; left in float: {self.summary.skipped or 'none'}"
             )
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -139,11 +143,13 @@ class QuantizationAwareTraining(Callback):
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()  # running stats frozen and used for normalisation, as the int8 model will
 
+    @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         record = qat_record(pl_module)
         if record is not None:
             store_structure_record(checkpoint, QAT_RECORD_KEY, record)
 
+    @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.convert_on_fit_end:
             return
@@ -155,9 +161,11 @@ class QuantizationAwareTraining(Callback):
             f"{self.report.max_abs_diff:.3g}"
         )
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"converted": list(self.summary.converted) if self.summary else []}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("converted"):
             self.summary = QATSummary(converted=list(state_dict["converted"]))
@@ -204,6 +212,7 @@ class Float8Training(Callback):
         self.summary: Float8Summary | None = None
         self.skipped_reason: str | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or self.summary is not None:
             return

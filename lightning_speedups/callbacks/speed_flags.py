@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.settings import enable_speed_flags
@@ -27,6 +28,7 @@ class SpeedFlags(L.Callback):
         self.verbose = verbose
         self.applied: dict[str, str] = {}
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         accelerator = trainer.strategy.root_device.type
         self.applied = enable_speed_flags(accelerator)

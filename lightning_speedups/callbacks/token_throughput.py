@@ -17,7 +17,7 @@ from lightning_speedups._errors import SpeedupConfigError, check_bool, check_cal
 from lightning_speedups._peak import PeakEstimate, device_peak_flops
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._tokens import IGNORE_INDEX, TokenCount, TokenCounter, count_tokens
-from lightning_speedups.callbacks._advisor_measure import train_dtype
+from lightning_speedups.callbacks.advisor.facts import train_dtype
 
 __all__ = ["TokenThroughput"]
 

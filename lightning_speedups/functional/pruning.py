@@ -15,7 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_speedups._compat import GraphBudgetExceeded, tp_index_budget, tp_on_param_slice, tp_scope_channels
+from lightning_speedups._compat import (
+    GraphBudgetExceeded,
+    GraphLoop,
+    tp_group_loop_guard,
+    tp_index_budget,
+    tp_on_param_slice,
+    tp_scope_channels,
+)
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
 from lightning_speedups._inputs import flat_tensors
 from lightning_speedups._rebuild import ParamOrigin
@@ -228,7 +235,7 @@ def prune_structured(
     tied = tied_parameters(model)
     with torch.enable_grad(), eval_mode(model), all_trainable(model):
         try:
-            with tp_index_budget(max_graph_indices):
+            with tp_index_budget(max_graph_indices), tp_group_loop_guard():
                 _prune(tp, model, example_inputs, summary, importance, list(ignored_layers), ignored,
                        global_pruning, round_to, reference_channels, trace)  # fmt: skip
             retie(model, tied)
@@ -240,6 +247,14 @@ def prune_structured(
                 f"{type(model).__name__} made {err}. The model is unchanged. Allowed values: a larger bound if the "
                 "machine has the memory (about 64 bytes each). HINT: add the blocks that reshape channels into "
                 "windows or heads to `ignored_layers`, or use mode='unstructured'."
+            ) from None
+        except GraphLoop as err:
+            snapshot.restore()
+            raise SpeedupConfigError(
+                f"structured pruning cannot analyse {type(model).__name__}: torch-pruning's dependency analysis went "
+                f"round {err}. The model is unchanged. Allowed values: a model whose channel dependencies "
+                "torch-pruning can follow. HINT: add the blocks that split and re-join channels (rotary embeddings, "
+                "attention) to `ignored_layers`, or use mode='unstructured'."
             ) from None
         except Exception as err:
             snapshot.restore()

@@ -166,7 +166,7 @@ def choose_implementation(
 
     ``"auto"`` uses the fused kernel when the optimizer has one (sgd, adam, adamw, adagrad) and every parameter is a
     floating-point tensor on one device type that torch has fused kernels for (CUDA, CPU, XPU, MPS, ...); otherwise
-    torch's own default. On CPU the fused step measured 2-10x faster than the default (``benchmarks/optim.py``).
+    torch's own default. On CPU the fused step is faster than the default (``docs/evidence.md``, section "Optimizers").
     ``avoid_fused`` keeps ``"auto"`` off the fused kernel (Lightning cannot clip gradients of fused optimizers under
     ``precision="16-mixed"``, whose GradScaler they unscale internally).
 

@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-import lightning_speedups.callbacks.advisor as advisor_mod
+import lightning_speedups.callbacks.advisor.callback as advisor_mod
 from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 from lightning_speedups._registry import get_technique
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
@@ -128,7 +128,7 @@ def test_advisor_data_bound_fit(monkeypatch):
 
 def test_advisor_cpu_utilisation_against_estimated_peak(monkeypatch):
     """On a CPU the report's utilisation is against the estimated peak for the run's dtype, labelled an estimate."""
-    import lightning_speedups.callbacks._advisor_measure as measure_mod
+    import lightning_speedups.callbacks.advisor.facts as measure_mod
     from lightning_speedups import estimate_cpu_peak_flops
 
     asked = []

@@ -159,3 +159,57 @@ class _ReportRank(L.Callback):
             "model_is_average": all(torch.equal(p, avg[n]) for n, p in pl_module.named_parameters()),
         }
         (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+class _Versioned(torch.nn.Module):
+    """Refuses a state dict without its module version, as torchvision's MNASNet does."""
+
+    _version = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
+        if local_metadata.get("version") not in (1, 2):
+            raise RuntimeError(f"version should be set to 1 or 2 instead of {local_metadata.get('version')}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
+
+
+class _VersionedModule(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _Versioned()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_ema_resume_keeps_module_versions(tmp_path):
+    """Lightning rebuilds the average's state as a plain dict; a module that reads its version on load still resumes."""
+    g = torch.Generator().manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)), 8)
+
+    def fit(epochs: int, **kw: Any) -> _VersionedModule:
+        L.seed_everything(0, verbose=False)
+        module = _VersionedModule()
+        trainer = quiet_trainer(max_epochs=epochs, callbacks=[EMA(decay=0.8)])
+        trainer.fit(module, loader, **kw)
+        if epochs == 1:
+            trainer.save_checkpoint(tmp_path / "half.ckpt")
+        return module
+
+    full = fit(2)
+    fit(1)
+    assert torch.load(tmp_path / "half.ckpt", weights_only=True)["state_dict"]._metadata["net"]["version"] == 2
+    resumed = fit(2, ckpt_path=tmp_path / "half.ckpt")
+    torch.testing.assert_close(resumed.net.fc.weight, full.net.fc.weight)
+    fresh = _VersionedModule()
+    fresh.load_state_dict(torch.load(tmp_path / "half.ckpt", weights_only=True)["state_dict"])

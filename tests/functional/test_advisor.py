@@ -13,7 +13,7 @@ from lightning_speedups.functional.advisor import (
     AdvisorReport,
     AdvisorThresholds,
     Measurements,
-    OptimizerInfo,
+    OptimizerMeasurement,
     bf16_autocast_speedup,
     channels_last_speedup,
     diagnose,
@@ -100,7 +100,7 @@ def test_advisor_functional_model_and_optimizer_rules():
     m = _m(
         0.1, 0.0, has_conv=True, channels_last_speedup=1.5, frozen_updated=["backbone.0.weight"],
         never_grad=["extra.weight"], trainable_params=10,
-        optimizers=[OptimizerInfo("Adam", fused=None, fused_supported=True, fused_speedup=2.0)],
+        optimizers=[OptimizerMeasurement("Adam", fused=None, fused_supported=True, fused_speedup=2.0)],
         optimizer_times=[0.02] * 10, callbacks=["TorchCompile"],
     )
     findings = diagnose(m)

@@ -8,14 +8,14 @@ import warnings
 
 import pytest
 
-from lightning_speedups.functional._batch_size_curve import fit_curve
-from lightning_speedups.functional._batch_size_policy import Search
 from lightning_speedups.functional.batch_size import (
     BatchSizeSearchConfig,
     BatchSizeSearchResult,
     BatchSizeTrial,
     search_batch_size,
 )
+from lightning_speedups.functional.batch_size.curve import fit_curve
+from lightning_speedups.functional.batch_size.policy import Search
 from tests.functional.test_batch_size_noise import CURVES, LADDER, noise_free_rate, simulated
 
 SIZES = [16, 32, 64, 128, 256, 512]

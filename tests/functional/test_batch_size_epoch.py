@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups.callbacks._batch_size_trials import epoch_samples
-from lightning_speedups.functional._batch_size_curve import epoch_factor, interpolate_per_sample
+from lightning_speedups.callbacks.batch_size.loaders import epoch_samples
 from lightning_speedups.functional.batch_size import (
     BatchSizeSearchConfig,
     BatchSizeTrial,
     batch_size_ladder,
     search_batch_size,
 )
+from lightning_speedups.functional.batch_size.curve import epoch_factor, interpolate_per_sample
 
 N = 1438
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_speedups.functional._batch_size_policy import per_sample_time, unit_step_times
 from lightning_speedups.functional.batch_size import (
     BatchSizeSearchConfig,
     BatchSizeSearchResult,
@@ -12,6 +11,7 @@ from lightning_speedups.functional.batch_size import (
     batch_size_ladder,
     search_batch_size,
 )
+from lightning_speedups.functional.batch_size.records import per_sample_time, unit_step_times
 
 
 def test_trial_unit_and_rate():

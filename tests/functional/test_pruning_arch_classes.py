@@ -369,6 +369,17 @@ def test_gpt2_tied_is_refused_by_name():
     assert "'transformer.h.0.attn.c_attn' (Conv1D)" in message and "TypeError" in message
 
 
+def test_dependency_loop_is_refused_with_model_unchanged():
+    # Llama's rotary embedding splits and re-joins channels; torch-pruning's propagation never settles on it (it
+    # looped for minutes), so a loop guard ends the analysis and the prune is refused
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    message = _refused(model, {"input_ids": torch.randint(0, 64, (2, 6))}, r"went round a dependency loop")
+    assert "The model is unchanged" in message
+
+
 # ---------------------------------------------------------------- 6. recurrent layers
 class Recurrent(nn.Module):
     def __init__(self, cell: type[nn.RNNBase], pre: bool) -> None:

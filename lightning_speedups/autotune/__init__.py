@@ -1,0 +1,66 @@
+"""``autotune``: measure what speeds up *this* model on *this* machine, and return the plan.
+
+Where a recipe encodes choices that were right on the machine it was tuned on, :func:`autotune` measures each one on
+the user's model, data and hardware: every candidate runs a few training steps of a copy of the model, timed
+interleaved against the current plan (:func:`~lightning_speedups.measure.compare`), and is kept only when it beats
+the plan by ``margin`` beyond noise. Candidates, in order (:func:`list_candidates`):
+
+- ``"batching"``: length-aware batches for token data, kept as a
+  :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching` (skipped silently for other data);
+- ``"precision"``, ``"channels_last"``;
+- ``"data"``: device-resident data against the user's DataLoader;
+- ``"batch_size"``, with LR scaling: a doubled batch must raise samples/s by :data:`BATCH_DOUBLING_COST` and the
+  margin, the extra samples it needed to reach the target on the bench tasks (docs/evidence.md, section
+  "autotune");
+- ``"optimizer"``: the fused/foreach kernel, compared only where the optimizer step is a large enough share of a
+  training step to pay the margin even at zero cost, and only for a
+  :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can set (a plain
+  module's ``configure_optimizers`` is its own code: the plan notes where to pass ``fused=True`` instead);
+- ``"compile"``: ``torch.compile``, kept only where its measured compile time is paid back within the planned run.
+
+The trials take at most 5% of the planned run, or ``budget_s``, counted from the three steps that size it. A
+comparison is admitted when what is left covers the least it can take (the candidate's warm-up and 3 rounds of it
+and the plan: ``(1 + 2 x 3)`` steps of the current plan; the first one reuses the warm sizing copy as its baseline)
+and stops as soon as its interval clears or misses the margin. What the budget could not fit is named in one note,
+with what was left, what one comparison needs and the ``budget_s`` that would fit it. Plans are cached on disk
+(:class:`~lightning_speedups.measure.PlanCache`: plain JSON, keyed by machine, model signature and options), so a
+second run skips the trials.
+
+Beyond faster steps, the plan adds time-to-accuracy ``methods`` (the EMA of the weights and a schedule for time to
+target) for the model kinds where they reached the target sooner on the end-to-end bench
+(:mod:`lightning_speedups.autotune.kinds`). Another kind gets neither by default, with a note; ``methods=["ema"]``
+still adds one. A few steps cannot time their benefit, so their evidence is the bench's and only their per-step cost
+is measured here (``methods=[]`` leaves them out).
+
+The modules: ``tune`` (the steps of :func:`autotune`), ``plan`` (:class:`TunePlan`), ``trials`` (the context, the
+registry and the timed step), ``budget``, the candidates (``candidates``, ``batching``, ``data``, ``compile``),
+``methods`` and ``kinds``, and ``optim`` (the user's optimizer, with a kernel).
+
+Example::
+
+    >>> from lightning_speedups.demo import DemoClassifier, DigitsDataModule
+    >>> model, data = DemoClassifier(width=8), DigitsDataModule(batch_size=32)
+    >>> plan = autotune(model, data, max_epochs=2, budget_s=5, cache=False)  # doctest: +SKIP
+    >>> callbacks, trainer_kwargs = plan  # doctest: +SKIP
+    >>> plan.apply(model, data)  # doctest: +SKIP
+    >>> L.Trainer(callbacks=callbacks, **trainer_kwargs).fit(model, data)  # doctest: +SKIP
+"""
+
+# importing a candidate module registers it, in its place (each imports those it is placed relative to)
+from lightning_speedups.autotune import batching, candidates, compile, data  # noqa: F401
+from lightning_speedups.autotune.candidates import BATCH_DOUBLING_COST
+from lightning_speedups.autotune.kinds import model_kind
+from lightning_speedups.autotune.plan import TunePlan
+from lightning_speedups.autotune.trials import Choice, TrialContext, register_candidate
+from lightning_speedups.autotune.tune import autotune, list_candidates
+
+__all__ = [
+    "BATCH_DOUBLING_COST",
+    "Choice",
+    "TrialContext",
+    "TunePlan",
+    "autotune",
+    "list_candidates",
+    "model_kind",
+    "register_candidate",
+]

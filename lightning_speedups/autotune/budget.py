@@ -1,0 +1,90 @@
+"""autotune's trial budget: the step that sizes it, the candidates tried within it, and the note on what did not fit.
+
+The budget (``budget_s``, or 5% of the planned run) counts from before the sizing steps: one untimed step of the
+unchanged model, then three timed ones whose median prices everything else. That warm copy becomes the baseline of
+the first comparison, so its first-call cost is paid once. A candidate is tried only when what is left covers the
+least one decision of it takes (:data:`~lightning_speedups.autotune.trials.PRICES` steps of the current plan,
+:data:`~lightning_speedups.autotune.trials.COMPARISON_STEPS` = 1 + 2 x 3 for a plain comparison: the candidate's
+warm-up call and three rounds of both), and gets an even share of what is left, but at least that price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_speedups.autotune.trials import APPLIES, CANDIDATES, Choice, TrialContext
+
+__all__ = ["SIZING_STEPS", "Skipped", "budget_note", "run_candidates", "size_step"]
+
+SIZING_STEPS = 3  # timed, after one untimed: the median of three, so one slow step on a busy machine cannot size it
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A candidate the budget could not fit: what was left when it came up and what one decision of it needs."""
+
+    name: str
+    left: float
+    need: float
+
+
+def size_step(ctx: TrialContext) -> float:
+    """The median step of the unchanged model (seconds, data time not counted), remembered in ``ctx`` with its
+    warm step, which the first comparison then times as its baseline without another warm-up."""
+    one = ctx.step(ctx.plan)
+    one()  # untimed: first-call costs
+    times = []
+    for _ in range(SIZING_STEPS):
+        t0 = ctx.clock()
+        one()
+        times.append(ctx.clock() - t0)
+    step_s = sorted(times)[SIZING_STEPS // 2]
+    ctx.remember(ctx.plan, one, step_s)
+    return step_s
+
+
+def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], list[Skipped]]:
+    """Try ``names`` in order within ``ctx``'s deadline: the choices made and the candidates the budget skipped."""
+    choices: list[Choice] = []
+    skipped: list[Skipped] = []
+    names = [n for n in names if n not in APPLIES or APPLIES[n](ctx)]  # nothing to try, nothing to say
+    for i, name in enumerate(names):
+        left, need = ctx.budget_left(), ctx.price(name)
+        if left < need:  # below the least it takes, a trial only spends time (a later, cheaper one may still fit)
+            skipped.append(Skipped(name, left, need))
+            continue
+        # an even share of what is left, but at least one decision: a small budget goes to the candidates in order
+        # (the largest effects first) instead of being split into shares too small for any of them
+        share = max(1.0 / (len(names) - i), min(1.0, need / max(left, 1e-12)))
+        choice = CANDIDATES[name](ctx, share)
+        if choice is not None:
+            choices.append(choice)
+    return choices, skipped
+
+
+def _listed(values: list[tuple[str, float]]) -> str | None:
+    """``None`` when every candidate has the same value, else the values with the names that share each one."""
+    groups: dict[str, list[str]] = {}
+    for name, value in values:
+        groups.setdefault(f"{value:.2f}s", []).append(name)
+    return None if len(groups) == 1 else "; ".join(f"{', '.join(names)} {v}" for v, names in groups.items())
+
+
+def budget_note(skipped: list[Skipped], budget_s: float, planned_run_s: float | None, measured: bool) -> str:
+    """The one note on the candidates the budget skipped: what was left, what one decision needs, and the
+    ``budget_s`` that would have fit the cheapest of them; it opens with "nothing measured" when nothing was."""
+    names = ", ".join(s.name for s in skipped)
+    run = f", 5% of a planned run of about {planned_run_s:.1f}s" if planned_run_s is not None else ""
+    lefts = _listed([(s.name, max(s.left, 0.0)) for s in skipped])
+    left = (f"{max(skipped[0].left, 0.0):.2f}s of {budget_s:.2f}s{run}" if lefts is None
+            else f"of {budget_s:.2f}s{run}; when each came up: {lefts}")  # fmt: skip
+    needs = _listed([(s.name, s.need) for s in skipped])
+    need = f"the {skipped[0].need:.2f}s one comparison needs" if needs is None else f"what one decision needs ({needs})"
+    cheapest = min(skipped, key=lambda s: s.need)
+    fits = budget_s - cheapest.left + cheapest.need  # what ran before it (the sizing steps at least), plus it
+    head = "" if measured else "nothing measured: the run is too short for one comparison; "
+    return (
+        f"{head}{names} not tried: what was left of the trial budget ({left}) is below {need}. HINT: pass a "
+        f"larger `budget_s` (at least {fits:.1f}s to measure {cheapest.name}); the plan is cached, so later runs "
+        "skip the trials."
+    )

@@ -1,0 +1,122 @@
+"""What kind of model autotune tunes, and where each time-to-accuracy method has shown that it helps.
+
+A method that needs fewer epochs (the EMA of the weights, a schedule for time to target) cannot be timed by a few
+trial steps, so its place in autotune's *default* plan rests on the bench: it is added by default only for the model
+kinds its evidence covers (:data:`EVIDENCE`; how it was measured: docs/evidence.md, section "autotune"). Other
+kinds get neither by default, with one note, and a user who names a method in ``methods`` still gets it, with a
+note that no evidence covers this model.
+
+:func:`model_kind` reads the model's modules:
+
+- ``"transformer"``: ``nn.MultiheadAttention`` or ``nn.Transformer*`` layers, a Hugging Face ``PreTrainedModel``, a
+  module whose class or attribute name says attention (``attn``, ``Attention``), or a module of the user's own code
+  whose ``forward`` calls ``scaled_dot_product_attention``;
+- ``"recurrent"``: a GRU, LSTM or RNN (layer or cell);
+- ``"conv"``: an ``nn.Conv2d``, with no attention and no recurrence;
+- ``"mlp"``: anything else.
+
+A CNN with "attention" blocks (squeeze-and-excitation named so, say) reads as a transformer: the conservative side,
+since the only cost is a method left out of the default plan.
+
+Example::
+
+    >>> from torch import nn
+    >>> model_kind(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())), model_kind(nn.GRU(4, 4))
+    ('conv', 'recurrent')
+    >>> proven_kinds("ema")
+    ('conv',)
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = ["EVIDENCE", "KINDS", "Evidence", "evidence_text", "model_kind", "proven_kinds"]
+
+KINDS = ("conv", "transformer", "recurrent", "mlp")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One bench result where a method reached the target sooner: the method, the model kind, the task and the
+    counts to the target without and with it."""
+
+    method: str
+    kind: str
+    task: str
+    measure: str
+    without: str
+    with_method: str
+
+
+# The bench's end-to-end results (benchmarks/autotune_methods.py and `lightning-speedups bench --only recipes`), the
+# data the plan's notes quote as the bench's; docs/evidence.md, section "autotune", tells how each
+# was run. A new row for a new kind adds that kind to the method's default plan.
+EVIDENCE: tuple[Evidence, ...] = (
+    Evidence("ema", "conv", "digits", "half epochs to 95% (plain baseline, seeds 0-3)", "[6, 6, 7, 5]",
+             "[3, 4, 3, 3]"),
+    Evidence("ema", "conv", "shapes", "half epochs to 90% (plain baseline, seeds 0-2)", "[3, 5, 4]", "[2, 2, 2]"),
+    Evidence("schedule", "conv", "digits", "median quarter epochs to the target (with the EMA, 10 seeds)", "7",
+             "6"),
+    Evidence("schedule", "conv", "shapes", "median quarter epochs to the target (with the EMA, data on the device, "
+             "10 seeds; no change with the shapes DataLoader)", "4", "3"),
+)  # fmt: skip
+
+_ATTENTION_LAYERS = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder,
+                     nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)  # fmt: skip
+_ATTENTION_NAME = re.compile(r"attn|attention", re.IGNORECASE)
+
+
+def proven_kinds(method: str) -> tuple[str, ...]:
+    """The model kinds where ``method`` has evidence (in :data:`EVIDENCE` order, no repeats)."""
+    return tuple(dict.fromkeys(e.kind for e in EVIDENCE if e.method == method))
+
+
+def evidence_text(method: str, kind: str) -> str:
+    """What the plan says of ``method``'s evidence for a ``kind`` model: the bench numbers when they are this kind's,
+    else that there are none for it (never another kind's numbers)."""
+    rows = [e for e in EVIDENCE if e.method == method and e.kind == kind]
+    if rows:
+        return f"its evidence for {kind} models: " + "; ".join(
+            f"{e.task}, {e.measure}: {e.without} without it, {e.with_method} with it" for e in rows
+        )
+    kinds = proven_kinds(method)
+    where = f"{', '.join(kinds)} models only" if kinds else "no model kind yet"
+    return f"no bench evidence for {kind} models (its evidence is for {where})"
+
+
+def _calls_sdpa(cls: type) -> bool:
+    """Whether ``cls.forward`` (user code, not torch's) calls ``scaled_dot_product_attention``."""
+    if cls.__module__.startswith("torch."):
+        return False
+    try:
+        return "scaled_dot_product_attention" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):  # no source (built in, compiled, interactive)
+        return False
+
+
+def _has_attention(model: nn.Module) -> bool:
+    if any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):  # Hugging Face, without importing it
+        return True
+    for name, module in model.named_modules():
+        if isinstance(module, _ATTENTION_LAYERS) or _ATTENTION_NAME.search(type(module).__name__):
+            return True
+        if name and _ATTENTION_NAME.search(name.rsplit(".", 1)[-1]):
+            return True
+    return any(_calls_sdpa(cls) for cls in {type(m) for m in model.modules()})
+
+
+def model_kind(model: nn.Module) -> str:
+    """``"transformer"``, ``"recurrent"``, ``"conv"`` or ``"mlp"``: see the module docstring for the rules."""
+    if _has_attention(model):
+        return "transformer"
+    modules = list(model.modules())
+    if any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) for m in modules):
+        return "recurrent"
+    if any(isinstance(m, nn.Conv2d) for m in modules):
+        return "conv"
+    return "mlp"

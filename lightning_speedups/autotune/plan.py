@@ -1,0 +1,166 @@
+"""What autotune returns: the :class:`TunePlan` (callbacks, Trainer arguments, settings, evidence), and how it is
+built from the settings the trials kept, freshly measured or read back from the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lightning_speedups.autotune.methods import method_callbacks
+from lightning_speedups.autotune.trials import Choice
+from lightning_speedups.callbacks.batch_size.loaders import fit_loader_problem, rebuild_loader
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
+from lightning_speedups.optim import SpeedupMixin, scale_lr
+
+__all__ = ["RunShape", "TunePlan", "build_plan"]
+
+
+@dataclass
+class TunePlan:
+    """What autotune kept: callbacks, Trainer arguments, settings for the model and data, and the evidence.
+
+    Unpacks as ``callbacks, trainer_kwargs = plan``; call :meth:`apply` to set the batch size (with LR scaling) and the
+    optimizer kernel on the model and datamodule. When the data trial kept device-resident data, fit with
+    ``plan.datamodule`` (or ``plan.train_dataloaders``) instead of the original; when the data is a plain
+    ``DataLoader`` and the plan enlarged the batch, :meth:`apply` sets ``plan.train_dataloaders`` to a rebuilt loader
+    at the planned size: fit with ``plan.datamodule or plan.train_dataloaders or data``.
+    """
+
+    settings: dict[str, Any]
+    choices: list[Choice]
+    callbacks: list[L.Callback] = field(default_factory=list)
+    trainer_kwargs: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    from_cache: bool = False
+    trial_s: float = 0.0
+    datamodule: Any = None  # a device-resident twin of the data, when the data trial kept one: fit with it
+    train_dataloaders: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.callbacks, self.trainer_kwargs))
+
+    @property
+    def gain(self) -> float:
+        """The product of the changed choices' measured step-time gains (an estimate of the whole plan's)."""
+        total = 1.0
+        for choice in self.choices:
+            total *= max(choice.gain, 1.0) if choice.changed else 1.0
+        return total
+
+    def apply(self, model: L.LightningModule, datamodule: Any = None) -> L.LightningModule:
+        """Set what cannot travel in callbacks: the batch size (and its LR scaling) and the optimizer kernel.
+
+        The larger batch goes where the run reads it: the device twin (``plan.train_dataloaders`` /
+        ``plan.datamodule``) when the data trial kept one, else a plain ``DataLoader`` passed as ``datamodule`` is
+        rebuilt at the planned size as ``plan.train_dataloaders`` (fit with that one: a DataLoader cannot be
+        re-batched in place), else the ``batch_size`` attribute of the datamodule or the model. A
+        :class:`SpeedupMixin` model's lr follows by the square-root rule; a plain module's follows through the
+        schedule method's peak. When the batch cannot be set, nothing is scaled and a note says why. The fused /
+        foreach kernel is set on a SpeedupMixin model's ``optimizer_config``; autotune does not try it for a plain
+        module, whose own ``configure_optimizers`` builds the optimizer. Call it once, before the fit.
+        """
+        scale = int(self.settings.get("batch_scale", 1))
+        impl = self.settings.get("implementation")
+        if scale > 1:
+            old = self._rebatch(model, datamodule, scale)
+            if old is None:  # no larger batch: the schedule's peak must not follow one
+                for cb in self.callbacks:
+                    if isinstance(cb, FastSchedule) and cb.batch_size is not None:
+                        cb.base_batch_size = cb.batch_size = None
+            elif isinstance(model, SpeedupMixin):  # keep the LR right for the larger batch (sqrt rule)
+                cfg = model.optimizer_config
+                model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, "sqrt"))
+        if impl and isinstance(model, SpeedupMixin):
+            model.optimizer_config = dataclasses.replace(model.optimizer_config, implementation=impl)
+        elif impl:
+            self.notes.append(f"optimizer {impl!r} not applied: the model's own configure_optimizers owns it")
+        return model
+
+    def _rebatch(self, model: L.LightningModule, data: Any, scale: int) -> int | None:
+        """Set the batch ``scale`` times larger where the run reads it; the old batch size, or ``None`` (noted)."""
+        twin = self.train_dataloaders
+        if twin is not None and not isinstance(twin, DataLoader):  # the device twin the data trial kept
+            old = int(twin.batch_size)
+            twin.batch_size = old * scale
+            return old
+        if isinstance(data, DataLoader):
+            problem = fit_loader_problem(data)
+            if problem is not None or not isinstance(data.batch_size, int):
+                self.notes.append(f"batch x{scale} not applied: the training data is {problem or 'unbatched'}, which "
+                                  "cannot be rebuilt at another batch size")  # fmt: skip
+                return None
+            self.train_dataloaders = rebuild_loader(data, data.batch_size * scale)
+            return data.batch_size
+        holder = next((h for h in (self.datamodule, data, model) if h is not None and hasattr(h, "batch_size")), None)
+        if holder is None:
+            self.notes.append(f"batch x{scale} not applied: no `batch_size` attribute on the datamodule or model")
+            return None
+        old = int(holder.batch_size)
+        holder.batch_size = old * scale
+        return old
+
+    def to_text(self) -> str:
+        lines = [f"autotune plan ({'cached' if self.from_cache else f'{self.trial_s:.1f}s of trials'}):"]
+        for c in self.choices:
+            lines.append(f"  {c.name:<14} {c.chosen!s:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
+                         f"{c.trials} rounds  {c.note}")  # fmt: skip
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the methods need to know of the planned run: the schedule's warm-up fraction and the user's batch size
+    (``None``: unknown)."""
+
+    warmup: float
+    base_batch: int | None
+
+
+def build_plan(
+    settings: dict[str, Any],
+    choices: list[Choice],
+    trainer_kwargs: dict[str, Any],
+    model: Any,
+    shape: RunShape,
+    *,
+    checked: bool,
+    replacement: tuple[str, Any] | None = None,
+) -> TunePlan:
+    """The plan of ``settings``: their callbacks (the methods' too), the Trainer arguments with the precision, and
+    the device twin of the data (``replacement``, ``(kind, twin)``) where the fit reads it. ``checked``: the
+    methods' blockers were just run on this model and these Trainer arguments."""
+    callbacks: list[L.Callback] = []
+    if settings.get("batching"):  # first: it swaps the loader at the fit's start, before anything reads its length
+        from lightning_speedups.callbacks.sequence_batching import SequenceBatching
+
+        callbacks.append(SequenceBatching(strategy=settings["batching"]))
+    if settings.get("channels_last"):
+        from lightning_speedups.callbacks.channels_last import ChannelsLast
+
+        callbacks.append(ChannelsLast())
+    if settings.get("compile"):
+        from lightning_speedups.callbacks.compile import TorchCompile
+
+        callbacks.append(TorchCompile())
+    notes: list[str] = []
+    if settings.get("implementation") and model is not None and not isinstance(model, SpeedupMixin):
+        settings.pop("implementation")  # a plan cached before plain modules were left out of the kernel trial
+        choices = [c for c in choices if c.name != "optimizer"]
+        notes.append(f"optimizer kernel not applied: `{type(model).__name__}.configure_optimizers` builds its own")
+    callbacks += method_callbacks(settings, trainer_kwargs, notes, model, shape.warmup, shape.base_batch,
+                                  checked=checked)  # fmt: skip
+    kwargs = dict(trainer_kwargs)
+    kwargs["precision"] = settings.get("precision", "32-true")
+    kind, twin = replacement or (None, None)
+    plan = TunePlan(settings, choices, callbacks, kwargs, notes)
+    if kind == "datamodule":
+        plan.datamodule = twin
+    elif kind == "loader":
+        plan.train_dataloaders = twin
+    return plan

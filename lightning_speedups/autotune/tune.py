@@ -1,0 +1,266 @@
+"""``autotune()``: the steps of one tuning, top to bottom: read the run, try the cache, size the budget, run the
+candidates, add the methods, build the plan and store it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._inputs import first_batch, flat_tensors
+from lightning_speedups.autotune.budget import budget_note, run_candidates, size_step
+from lightning_speedups.autotune.data import device_twin
+from lightning_speedups.autotune.kinds import model_kind
+from lightning_speedups.autotune.methods import ema_choice, plan_methods, schedule_choice, schedule_warmup
+from lightning_speedups.autotune.plan import RunShape, TunePlan, build_plan
+from lightning_speedups.autotune.trials import CANDIDATES, Choice, TrialContext
+from lightning_speedups.measure import PlanCache, plan_key
+
+__all__ = ["autotune", "list_candidates"]
+
+
+def list_candidates() -> list[str]:
+    """Names of the choices autotune can make, in the order it measures them."""
+    return list(CANDIDATES)
+
+
+def autotune(
+    model: L.LightningModule,
+    datamodule_or_loaders: Any = None,
+    *,
+    candidates: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    budget_s: float | None = None,
+    margin: float = 0.05,
+    cache: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
+    no_bf16: bool = False,
+    clock: Any = time.perf_counter,
+    **trainer_kwargs: Any,
+) -> TunePlan:
+    """Measure the candidates on copies of ``model`` and return a :class:`TunePlan` (``model`` is not changed).
+
+    Args:
+        model: the LightningModule to tune (plain or :class:`~lightning_speedups.optim.SpeedupMixin`); its
+            ``training_step`` is timed, with the first optimizer its ``configure_optimizers`` returns (AdamW, with a
+            note, when that needs a fit).
+        datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
+        candidates: a subset of :func:`list_candidates` (default: all). A candidate the plan could not apply to
+            this model and data is not tried, with a note: the batch size for a loader that cannot be rebuilt
+            (custom sampler or batch_sampler, IterableDataset) or data with no ``batch_size`` to set; the fused /
+            foreach kernel for a module that is not a SpeedupMixin; the batching for token data in a
+            loader SequenceBatching cannot rebuild. ``"batching"`` is skipped without a note for data that holds
+            no token tensors; for token data it estimates an epoch's training steps with the user's loader and
+            with length-grouped batches, and keeps the faster by ``margin`` as a
+            :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching` callback.
+        methods: time-to-accuracy methods to add (``["ema", "schedule"]``; ``[]`` for none). They need fewer steps
+            rather than faster ones, so a trial cannot time their benefit. By default (``None``) a method is added
+            only for the model kinds where the bench showed it reaching the target sooner
+            (:mod:`lightning_speedups.autotune.kinds`: image CNNs, ``"conv"``); for a transformer,
+            recurrent or MLP model both are left out with one note. Named here, a method is added whatever the
+            kind, and its note says which evidence applies to this model. Its per-step cost is measured and
+            reported. ``"ema"`` adds :class:`~lightning_speedups.callbacks.ema.EMA` (decay 0.99 with warm-up):
+            validation and checkpoints then use the averaged weights. It is left out, with a note, when
+            ``trainer_kwargs`` already has an averaging callback or a sharded strategy. ``"schedule"`` adds
+            :class:`~lightning_speedups.callbacks.fast_schedule.FastSchedule` on the model's optimizer: a warm-up
+            of a quarter epoch (at most 5% of the run) to 3x its lr, then a linear decay to the end of the planned
+            run (a plain module's peak also follows a batch the plan enlarged, by the square-root rule). It is left
+            out, with a note, when ``configure_optimizers`` returns a scheduler (or cannot be called outside a
+            fit), under manual optimization, without ``max_epochs``/``max_steps``, or when a callback already sets
+            the lr.
+        budget_s: trial time, counted from before the sizing steps (one untimed and three timed steps of the
+            unchanged model); default 5% of the planned run, estimated from the median sizing step, without data
+            time. Candidates are tried in order, each only when what is left covers the least one decision of it
+            takes (a plain comparison: the candidate's warm-up and 3 rounds of it and the plan, 7 steps), with an
+            even share of what is left but at least that; a comparison stops as soon as its interval clears or
+            misses ``margin``. One note names the candidates that did not fit, what was left and what they need,
+            and the ``budget_s`` that would fit the cheapest; it opens with "nothing measured" when nothing was.
+        margin: a candidate must beat the current plan by this fraction beyond noise.
+        cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``).
+        no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
+        clock: seconds as a float (tests inject a fake one).
+        **trainer_kwargs: the Trainer arguments of the planned run (``max_epochs``/``max_steps`` size it); returned
+            in the plan with the chosen precision.
+
+    Raises:
+        SpeedupConfigError: an unknown candidate or method, ``budget_s`` <= 0, ``margin`` < 0, no training data.
+    """
+    names = _check_arguments(candidates, budget_s, margin)
+    kind = model_kind(model)
+    method_names, methods_note = plan_methods(methods, kind)
+    run = _read_run(model, datamodule_or_loaders, trainer_kwargs)
+    key = plan_key(model, run.shapes, {"candidates": names, "methods": method_names, "margin": margin,
+                                       "no_bf16": no_bf16, "device": str(run.device), "kind": kind})  # fmt: skip
+    store = PlanCache(cache_dir) if cache else None
+    ctx = TrialContext(model, run.batch, run.device, run.steps, margin, deadline=float("inf"),
+                       plan={"precision": "32-true"}, clock=clock, loader=run.loader, datamodule=run.datamodule,
+                       own_loader=run.own_loader, no_bf16=no_bf16)  # fmt: skip
+    cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape)
+    if cached is not None:  # a second run on this machine and model skips the trials
+        return cached
+    start = clock()
+    step_s, budget = _size_budget(ctx, budget_s, start)
+    choices = _run_candidates(ctx, names, budget, planned_run_s=run.steps * step_s if budget_s is None else None)
+    choices += _add_methods(ctx, method_names, methods_note, step_s, trainer_kwargs, kind)
+    plan = build_plan(dict(ctx.plan), choices, trainer_kwargs, model, run.shape, checked=True,
+                      replacement=ctx.replacement)  # fmt: skip
+    plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
+    _store(store, key, plan, choices, ctx.notes)
+    rank_zero_info(plan.to_text())
+    return plan
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The planned run as autotune reads it once: its training data, first batch, device and length."""
+
+    loader: Any
+    datamodule: L.LightningDataModule | None
+    own_loader: bool  # the loader is the model's own train_dataloader(), not one the user passed
+    batch: Any
+    device: torch.device
+    steps: int
+    shapes: list[list[int]]
+    shape: RunShape
+
+
+def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any]) -> _Run:
+    dm = data if isinstance(data, L.LightningDataModule) else None
+    loaders = None if dm is not None else data
+    loader = _train_loader(model, dm, loaders)
+    batch = first_batch(loader)  # the global RNG is left as it was; the loader object is not changed
+    device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
+    steps = _planned_steps(loader, trainer_kwargs)
+    shapes = [list(t.shape) for t in flat_tensors(batch)]
+    return _Run(loader, dm, loaders is None and dm is None, batch, device, steps, shapes,
+                _run_shape(loader, steps, shapes))  # fmt: skip
+
+
+def _check_arguments(candidates: Sequence[str] | None, budget_s: float | None, margin: float) -> list[str]:
+    """The candidates to try (default: all), once the arguments are checked."""
+    names = list(CANDIDATES) if candidates is None else list(candidates)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise SpeedupConfigError(f"`candidates` has unknown names {unknown!r}. Allowed values: {list(CANDIDATES)!r}.")
+    if budget_s is not None:
+        check_range("budget_s", budget_s, 0.0, None, low_inclusive=False, hint="seconds of trials, e.g. 30")
+    check_range("margin", margin, 0.0, None)
+    return names
+
+
+def _train_loader(model: L.LightningModule, datamodule: Any, train_dataloaders: Any) -> Any:
+    if train_dataloaders is not None:
+        return train_dataloaders
+    source = datamodule if datamodule is not None else model
+    if datamodule is not None and hasattr(datamodule, "setup"):
+        datamodule.setup("fit")
+    try:
+        return source.train_dataloader()
+    except Exception as err:
+        raise SpeedupConfigError(
+            f"`datamodule_or_loaders`={type(source).__name__} gives no training data ({type(err).__name__}: {err}). "
+            "Allowed values: a LightningDataModule, a DataLoader, or None when the model has train_dataloader()."
+        ) from err
+
+
+def _planned_steps(loader: Any, trainer_kwargs: dict[str, Any]) -> int:
+    if trainer_kwargs.get("max_steps", -1) not in (-1, None):
+        return int(trainer_kwargs["max_steps"])
+    try:
+        per_epoch = len(loader)
+    except TypeError:
+        per_epoch = 100
+    return max(1, int(per_epoch) * int(trainer_kwargs.get("max_epochs") or 10))
+
+
+def _run_shape(loader: Any, steps: int, shapes: list[list[int]]) -> RunShape:
+    """What the methods need to know of the planned run: the schedule's warm-up fraction, the user's batch size."""
+    try:
+        per_epoch: int | None = len(loader)
+    except TypeError:
+        per_epoch = None
+    size = getattr(loader, "batch_size", None)
+    base_batch = size if isinstance(size, int) else (shapes[0][0] if shapes and shapes[0] else None)
+    return RunShape(schedule_warmup(per_epoch, steps), base_batch)
+
+
+def _from_cache(
+    store: PlanCache | None, key: str, ctx: TrialContext, trainer_kwargs: dict[str, Any], shape: RunShape
+) -> TunePlan | None:
+    """The plan the cache holds, rebuilt for this run: its callbacks, and the device twin of the data it kept;
+    ``None`` on a miss (no cache, no entry, or an entry written before its choices said whether they changed)."""
+    cached = store.get(key) if store is not None else None
+    if cached is None:
+        return None
+    try:
+        choices = [Choice.from_dict(c) for c in cached["choices"]]
+    except (KeyError, TypeError):
+        return None  # an older entry: measured again, and overwritten
+    settings = dict(cached["settings"])
+    replacement, missing = None, ""
+    if settings.get("device_data"):
+        replacement = device_twin(ctx)
+        if replacement is None:
+            settings["device_data"] = False
+            missing = "the cached plan keeps the data on the device, but this data has no device twin: not applied"
+    plan = build_plan(settings, choices, trainer_kwargs, ctx.model, shape, checked=False, replacement=replacement)
+    plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
+    if missing:
+        plan.notes.append(missing)
+    return plan
+
+
+def _size_budget(ctx: TrialContext, budget_s: float | None, start: float) -> tuple[float, float]:
+    """The unchanged model's median step (seconds) and the trial budget: ``budget_s``, else 5% of the planned run
+    at that step (data time not counted); ``ctx``'s deadline is set ``start`` + the budget."""
+    step_s = size_step(ctx)
+    budget = 0.05 * ctx.planned_steps * step_s if budget_s is None else budget_s
+    ctx.deadline = start + budget
+    return step_s, budget
+
+
+def _run_candidates(ctx: TrialContext, names: list[str], budget: float, planned_run_s: float | None) -> list[Choice]:
+    """The candidates' choices; one note first on those the budget could not fit."""
+    choices, skipped = run_candidates(ctx, names)
+    if skipped:
+        ctx.notes.insert(0, budget_note(skipped, budget, planned_run_s, measured=bool(choices)))
+    return choices
+
+
+def _add_methods(
+    ctx: TrialContext,
+    names: list[str],
+    methods_note: str | None,
+    step_s: float,
+    trainer_kwargs: dict[str, Any],
+    kind: str,
+) -> list[Choice]:
+    """The methods' choices (each with its evidence for a ``kind`` model), recorded in ``ctx.plan``; a method the
+    run cannot take is left out with its note, after the note on the methods the model kind left out."""
+    if methods_note:
+        ctx.notes.append(methods_note)
+    made: list[Choice] = []
+    for name in names:
+        if name == "ema":
+            choice, note = ema_choice(ctx.model, ctx.device, step_s, trainer_kwargs, ctx.clock, kind)
+        else:
+            choice, note = schedule_choice(ctx.model, trainer_kwargs, kind)
+        if choice is None:
+            ctx.notes.append(str(note))
+            continue
+        made.append(choice)
+        ctx.plan[name] = choice.chosen
+    return made
+
+
+def _store(store: PlanCache | None, key: str, plan: TunePlan, choices: list[Choice], notes: list[str]) -> None:
+    """Keep the measured plan for the next run: plain JSON, the settings but never the twin of the data."""
+    if store is not None:
+        store.put(key, {"settings": plan.settings, "choices": [c.as_dict() for c in choices], "notes": notes})

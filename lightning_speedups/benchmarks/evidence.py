@@ -1,0 +1,153 @@
+"""The evidence page, ``docs/evidence.md``: the committed results (``docs/_data/*.json``) collected into one markdown
+page, one section per technique with a stable name, each table under its machine and date. Nothing is measured here.
+
+Regenerate it with ``lightning-speedups bench --from-json docs/_data --markdown docs/evidence.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.benchmarks.runner import _HEADER, _table_rows
+
+__all__ = ["EVIDENCE_SECTIONS", "format_evidence"]
+
+# benchmark technique -> section of the evidence page, in page order; docstrings cite "docs/evidence.md, <section>",
+# so a section keeps its name
+EVIDENCE_SECTIONS: dict[str, str] = {
+    "recipe": "Recipes",
+    "autotune": "autotune",
+    "workloads": "Workloads",
+    "batch_size_finder": "Batch-size finder",
+    "advisor": "Advisor",
+    "measure": "Measuring",
+    "sequence_batching": "Sequence batching",
+    "pruning": "Pruning",
+    "qat": "Quantization",
+    "precision": "Trainer settings",
+    "optim": "Optimizers",
+    "finetune": "Fine-tuning",
+    "device_data": "Data on the device",
+    "channels_last": "channels_last",
+    "compile": "torch.compile",
+    "ema": "EMA",
+    "fast_schedule": "FastSchedule",
+    "label_smoothing": "Label smoothing",
+    "progressive_resizing": "Progressive resizing",
+}
+_NOTES = "evidence_notes.json"  # hand-kept findings (simulations, transcribed runs) and dates the raw files lack
+
+
+def _machine_line(machine: dict[str, Any] | str, date: str | None) -> str:
+    if not isinstance(machine, str):
+        machine = (
+            f"{machine.get('cpu')} ({machine.get('cpu_count')} cores, {machine.get('torch_threads')} torch threads), "
+            f"torch {machine.get('torch')}, device {machine.get('device')}"
+        )
+    return f"Machine: {machine}. Date: {date or 'not recorded'}."
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows])
+
+
+def _bench_run(payload: dict[str, Any], head: str, source: str) -> list[tuple[str, str, str]]:
+    """A ``lightning-speedups bench --json`` run: one table per technique."""
+    rows = [BenchRow(**{k: v for k, v in r.items() if k != "accuracy_delta"}) for r in payload["rows"]]
+    mode = "quick" if payload.get("quick") else "full"
+    out = []
+    for technique in dict.fromkeys(r.technique for r in rows):
+        body = _table(_HEADER[1:], [b[1:] for b in _table_rows([r for r in rows if r.technique == technique])])
+        out.append((technique, f"{mode} bench run ({source})", f"{head}\n\n{body}"))
+    return out
+
+
+def _transcribed(payload: dict[str, Any], head: str, source: str) -> list[tuple[str, str, str]]:
+    """A table transcribed from a run whose raw JSON was not kept (its first column is the technique)."""
+    by_technique: dict[str, list[list[str]]] = {}
+    for row in payload["rows"]:
+        by_technique.setdefault(row[0], []).append(row[1:])
+    head = f"{head} Command: `{payload['command']}`. {payload.get('about', '')}".rstrip()
+    title = f"{payload['title']} ({source})"
+    return [(t, title, f"{head}\n\n{_table(payload['columns'][1:], rows)}") for t, rows in by_technique.items()]
+
+
+def _workloads(payload: list[dict[str, Any]], head: str, source: str) -> list[tuple[str, str, str]]:
+    """The workload suite's per-seed records, summarised per task."""
+    from lightning_speedups.benchmarks._workloads_table import format_summary, summarize
+
+    table = format_summary(summarize(payload), payload).split("\n", 2)[2]  # its own machine line dropped
+    return [("workloads", f"Held-out and dev tasks ({source})", f"{head}\n\n{table}")]
+
+
+def _rank(item: tuple[Path, Any]) -> tuple[int, str]:
+    """Transcribed full runs, then full bench runs and the workloads, then quick runs; the name breaks ties."""
+    path, payload = item
+    if not isinstance(payload, dict):
+        return 1, path.name
+    return (0 if "columns" in payload else 2 if payload.get("quick") else 1), path.name
+
+
+def _evidence_blocks(directory: Path) -> dict[str, list[str]]:
+    """``{section: [markdown block, ...]}``: the notes of ``evidence_notes.json`` first, then the result files."""
+    notes_path = directory / _NOTES
+    notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
+    found: list[tuple[str, str, str]] = []  # (technique, title, body)
+    for note in notes.get("notes", []):
+        command = f" Command: `{note['command']}`." if note.get("command") else ""
+        head = _machine_line(note["machine"], note.get("date")) + command
+        found.append((note["technique"], note["title"], f"{head}\n\n{note['text']}"))
+    files = [(p, json.loads(p.read_text())) for p in sorted(directory.glob("*.json")) if p.name != _NOTES]
+    for path, payload in sorted(files, key=_rank):
+        source = f"`docs/_data/{path.name}`"
+        date = (payload.get("date") if isinstance(payload, dict) else None) or notes.get("dates", {}).get(path.name)
+        if isinstance(payload, list):
+            found += _workloads(payload, _machine_line(payload[0]["machine"] if payload else "unknown", date), source)
+        else:
+            render = _transcribed if "columns" in payload else _bench_run
+            found += render(payload, _machine_line(payload["machine"], date), source)
+    blocks: dict[str, list[str]] = {}
+    for technique, title, body in found:
+        blocks.setdefault(EVIDENCE_SECTIONS.get(technique, technique), []).append(f"### {title}\n\n{body.strip()}\n")
+    return blocks
+
+
+def format_evidence(directory: str | Path = "docs/_data") -> str:
+    """The evidence page: the committed results in ``directory`` (bench runs, the workload suite, transcribed
+    tables, ``evidence_notes.json``), one section per technique with a stable name, each table under its machine
+    and date. Nothing is measured here.
+
+    Example::
+
+        >>> format_evidence("docs/_data").startswith("# Evidence")  # doctest: +SKIP
+        True
+    """
+    blocks = _evidence_blocks(Path(directory))
+    order = [*EVIDENCE_SECTIONS.values(), *sorted(set(blocks) - {*EVIDENCE_SECTIONS.values()})]  # every name, always
+    lines = [
+        "# Evidence",
+        "",
+        "<!-- generated by `lightning-speedups bench --from-json docs/_data --markdown docs/evidence.md`; "
+        "do not edit by hand -->",
+        "",
+        "Every measured number this project quotes, in one place, with the machine and the date of each table. The "
+        "code's docstrings and the docs pages cite a section of this page by its name. Speedup = baseline median "
+        "time / technique median time, measured interleaved in the same process; read the ranges, not the second "
+        "digit, and measure on your own machine with `lightning-speedups bench`.",
+        "",
+        "Sections: " + ", ".join(f"[{s}](#{_anchor(s)})" for s in order) + ".",
+    ]
+    for section in order:
+        body = "\n".join(blocks.get(section, [])).rstrip("\n") or "Nothing is committed for this section yet."
+        lines += ["", f"## {section}", "", *body.split("\n")]
+    return "\n".join(lines) + "\n"
+
+
+def _anchor(title: str) -> str:
+    """The anchor MyST gives a heading (GitHub's rule: lower case, punctuation dropped, spaces to dashes)."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")

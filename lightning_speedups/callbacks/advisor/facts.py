@@ -1,0 +1,164 @@
+"""What ``SpeedAdvisor`` reads off the live run at the end of its window: device and memory, loader, optimizers,
+model layout, and the probes' measured effects on copies (kept apart from the callback's hooks and timing).
+
+Each ``fill_*`` / ``measure_effects`` writes into the window's
+:class:`~lightning_speedups.functional.advisor.Measurements`; the functional advisor turns them into findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_speedups._peak import device_peak_flops
+from lightning_speedups.functional import advisor as F
+from lightning_speedups.functional.advisor import Measurements, OptimizerMeasurement
+from lightning_speedups.measure import cpu_model
+
+__all__ = [
+    "checksum",
+    "fill_device_facts",
+    "fill_loader_facts",
+    "fill_peak_flops",
+    "first_float_tensor",
+    "measure_effects",
+    "memory_format_ok",
+    "optimizer_measurements",
+    "process_rss",
+    "train_dtype",
+]
+
+
+def memory_format_ok(module: nn.Module) -> tuple[bool, bool]:
+    """(has a 2-D conv, every 2-D conv weight already channels_last)."""
+    convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        return False, False
+    cl = all(m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous() for m in convs)
+    return True, cl
+
+
+def checksum(p: torch.Tensor) -> tuple[float, float]:
+    """Sum and sum of squares of a tensor (in float64): a cheap fingerprint to see whether it changed."""
+    d = p.detach().double()
+    return float(d.sum()), float((d * d).sum())
+
+
+def first_float_tensor(batch: Any) -> torch.Tensor | None:
+    """The batch's input tensor for the model-copy measurements: the first floating-point tensor in it."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.is_floating_point() else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for b in batch:
+            if isinstance(b, torch.Tensor) and b.is_floating_point():
+                return b
+    return None
+
+
+def process_rss() -> int:
+    """Resident memory of this process in bytes (0 when psutil is unavailable)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def train_dtype(precision: str) -> torch.dtype:
+    """The dtype the matmuls of a run in this Lightning ``precision`` run in (``"bf16-mixed"`` -> bfloat16)."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    if "16" in precision:
+        return torch.float16
+    return torch.float64 if "64" in precision else torch.float32
+
+
+def fill_peak_flops(m: Measurements, device: torch.device, notes: list[str]) -> None:
+    """The device's peak FLOP/s for the run's dtype: a datasheet peak on GPUs, an estimate on CPUs (said so)."""
+    est = device_peak_flops(device, train_dtype(m.precision))
+    m.peak_flops, m.peak_flops_estimated = est.flops, est.estimate and est.known
+    m.peak_flops_source = est.describe() if est.known else est.reason
+    if not est.known:
+        notes.append(f"device peak FLOP/s unknown ({est.reason}), so utilisation is not computed")
+    elif m.peak_flops_estimated:
+        notes.append(
+            "utilisation on a CPU is against an estimated peak (ISA x cores x clock): an upper bound that only large "
+            "matmuls approach, so compare runs with it rather than read it as a grade"
+        )
+
+
+def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_peak: int, notes: list[str]) -> None:
+    """Device name, peak memory and headroom, bf16 / TF32 capability and the device's peak FLOP/s."""
+    fill_peak_flops(m, device, notes)
+    if cuda:
+        m.device_name = torch.cuda.get_device_name(device)
+        m.memory_kind = "cuda"
+        m.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
+        free, total = torch.cuda.mem_get_info(device)
+        m.memory_total_bytes, m.memory_available_bytes = int(total), int(free)
+        m.cuda_bf16_supported = bool(torch.cuda.is_bf16_supported())
+        m.tf32_off = torch.cuda.get_device_capability(device) >= (8, 0) and (
+            torch.get_float32_matmul_precision() == "highest"
+        )
+        return
+    m.device_name = cpu_model() if device.type == "cpu" else device.type
+    m.memory_kind = "cpu_rss"
+    m.peak_memory_bytes = rss_peak or None
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        m.memory_total_bytes, m.memory_available_bytes = int(vm.total), int(vm.available)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def fill_loader_facts(m: Measurements, loader: Any) -> None:
+    """Which loader feeds training (the first one of several) and its ``num_workers``."""
+    if isinstance(loader, dict):  # several train loaders (CombinedLoader): judge the first
+        loader = next(iter(loader.values()), None)
+    elif isinstance(loader, (list, tuple)):
+        loader = loader[0] if loader else None
+    if loader is not None:
+        m.loader_kind = "DataLoader" if isinstance(loader, torch.utils.data.DataLoader) else type(loader).__name__
+        m.num_workers = getattr(loader, "num_workers", None)
+
+
+def optimizer_measurements(optimizers: Iterable[torch.optim.Optimizer]) -> list[OptimizerMeasurement]:
+    """Class name and fused / foreach flags of each optimizer."""
+    return [
+        OptimizerMeasurement(
+            name=type(o).__name__,
+            fused=o.defaults.get("fused"),
+            foreach=o.defaults.get("foreach"),
+            fused_supported="fused" in o.defaults,
+        )
+        for o in optimizers
+    ]
+
+
+def measure_effects(
+    m: Measurements, module: nn.Module, optimizers: Iterable[torch.optim.Optimizer], example: torch.Tensor | None
+) -> None:
+    """Time bf16 (CPU), channels_last and fused optimizer steps on copies, so findings carry a measured effect."""
+    x = example
+    # model copies only while they are cheap: at most ~100M parameters
+    small = sum(p.numel() for p in module.parameters()) <= 100_000_000
+    if m.device_type == "cpu":
+        if x is not None and small:
+            m.bf16_speedup = F.bf16_autocast_speedup(module, x)
+        threads = torch.get_num_threads()
+        if x is not None and small and threads >= 2:
+            m.torch_threads, m.fewer_threads = threads, max(1, threads // 2)
+            m.fewer_threads_speedup = F.fewer_threads_speedup(module, x, m.fewer_threads)
+    if m.has_conv and not m.conv_channels_last and x is not None and x.dim() == 4 and small:
+        m.channels_last_speedup = F.channels_last_speedup(module, x)
+    for info, opt in zip(m.optimizers, optimizers):
+        if info.fused_supported and not info.fused and small:
+            info.fused_speedup = F.fused_optimizer_speedup(opt)

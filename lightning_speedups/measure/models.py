@@ -1,0 +1,128 @@
+"""What a measurement runs on: a copy of the model, and one training step of it as a closure.
+
+These are the one model-copy helper and the one step factory of the package: the probes, the recipes' check,
+autotune's trials and the benchmarks build their timed steps here.
+
+Example::
+
+    >>> from torch import nn
+    >>> model = nn.Linear(4, 3)
+    >>> step = make_train_step(model_copy(model, train=True), torch.randn(8, 4), torch.zeros(8, dtype=torch.long))
+    >>> isinstance(step(), float)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["make_train_step", "model_copy"]
+
+
+def model_copy(module: nn.Module, train: bool | None = None) -> nn.Module:
+    """A deep copy of ``module`` to measure on, so the real model, its grads and its optimizer stay untouched.
+
+    A Lightning Trainer attached to ``module`` is not copied: the copy has none (its ``self.log`` then only warns).
+
+    Args:
+        module: the model to copy.
+        train: put the copy in train (``True``) or eval (``False``) mode; ``None`` keeps the original's modes.
+    """
+    trainer = module.__dict__.get("_trainer")
+    memo = {id(trainer): None} if trainer is not None else {}
+    clone = copy.deepcopy(module, memo)
+    if train is not None:
+        clone.train(train)
+    return clone
+
+
+def _device_type(model: nn.Module, x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return x.device.type
+    param = next(model.parameters(), None)
+    return param.device.type if param is not None else "cpu"
+
+
+def _cross_entropy(y: Any) -> Callable[[nn.Module, Any], torch.Tensor]:
+    loss_fn = torch.nn.CrossEntropyLoss()
+    return lambda model, x: loss_fn(model(x), y)
+
+
+def make_train_step(
+    model: nn.Module,
+    x: Any,
+    y: Any = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    *,
+    loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    steps: int = 1,
+    grad_scaler: bool = False,
+    optimizer_only: bool = False,
+    return_loss: bool = True,
+) -> Callable[[], float | None]:
+    """A closure doing one (or ``steps``) forward/backward/optimizer step(s) of ``model`` on ``x``.
+
+    Args:
+        model: trained in place, in train mode (pass a :func:`model_copy` to keep the original as it is).
+        x: the input, or the whole batch when ``loss`` reads it.
+        y: the class targets of the default loss, the cross-entropy of ``model(x)``.
+        optimizer: default SGD (lr 1e-3) on the trainable parameters.
+        autocast_dtype: run the forward under autocast to this dtype on ``x``'s device
+            (``torch.bfloat16``: as ``precision="bf16-mixed"``); ``None``: no autocast, as ``32-true``.
+        loss: ``loss(model, x) -> Tensor`` instead of the cross-entropy (a LightningModule's ``training_step``).
+        steps: optimizer steps per call.
+        grad_scaler: scale the loss with a ``GradScaler`` and step through it, as ``precision="16-mixed"``.
+        optimizer_only: run the forward and backward once now, then only the optimizer step per call (its cost
+            alone, on the gradients of one training step).
+        return_loss: return the loss as a float (a host sync per call); ``False``: return ``None`` and synchronize
+            CUDA once at the end of the call.
+
+    Returns:
+        The closure; each call runs ``steps`` steps.
+    """
+    optimizer = optimizer or torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    compute = loss if loss is not None else _cross_entropy(y)
+    device_type = _device_type(model, x)
+    scaler = torch.amp.GradScaler(device_type) if grad_scaler else None
+    model.train()
+    last: list[torch.Tensor] = []
+
+    def backward() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        cast = (torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None
+                else contextlib.nullcontext())  # fmt: skip
+        with cast:
+            out = compute(model, x)
+        (out if scaler is None else scaler.scale(out)).backward()
+        if return_loss:
+            last[:] = [out]
+
+    def optimizer_step() -> None:
+        if scaler is None:
+            optimizer.step()
+        else:  # unscale, inf check, step, update: what Lightning's 16-mixed runs
+            scaler.step(optimizer)
+            scaler.update()
+
+    if optimizer_only:
+        backward()
+
+    def step() -> float | None:
+        for _ in range(steps):
+            if not optimizer_only:
+                backward()
+            optimizer_step()
+        if return_loss:
+            return float(last[0].detach())
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        return None
+
+    return step

@@ -1,0 +1,139 @@
+"""Evidence lives out of the code: no dates in the package's docstrings, comments or messages; the README stays short;
+``docs/evidence.md`` is what ``lightning-speedups bench --from-json docs/_data --markdown`` writes; and the package
+keeps its shape (no import circles, no imports up the layers, no module over 600 lines: ``tools/arch_check.py``)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+from lightning_speedups.benchmarks.evidence import EVIDENCE_SECTIONS, format_evidence
+from lightning_speedups.cli import main
+from tools import arch_check
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lightning_speedups"
+DATA = ROOT / "docs" / "_data"
+
+_MONTHS = (
+    "January|February|March|April|May|June|July|August|September|October|November|December"
+    "|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
+)
+DATE = re.compile(rf"\b(?:(?:19|20)\d\d-[01]\d-[0-3]\d|(?:{_MONTHS})\.? (?:[0-3]?\d, )?(?:19|20)\d\d)\b")
+
+
+def dates_in(source: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of every date in the comments and string constants (docstrings, messages) of ``source``."""
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            found += [(tok.start[0], m.group()) for m in DATE.finditer(tok.string)]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for m in DATE.finditer(node.value):
+                found.append((node.lineno + node.value[: m.start()].count("\n"), m.group()))
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("# measured 2026-12-01 on 2 cores", ["2026-12-01"]),
+        ('"""Docstring.\n\nIn December 2026 it was 2.1x."""', ["December 2026"]),
+        ('warn(f"as of Dec 1, 2026 this held")', ["Dec 1, 2026"]),
+        ('x = "shape (2026, 12)"  # 12-01 is not a date', []),
+    ],
+)
+def test_date_finder(text: str, expected: list[str]) -> None:
+    assert [d for _, d in dates_in(text)] == expected
+
+
+def test_no_dates_in_the_package() -> None:
+    """Measured numbers and their dates belong in docs/evidence.md: a docstring, a comment or a warning names the
+    evidence section instead ("docs/evidence.md, section Batch-size finder")."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{line}: {date}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, date in dates_in(path.read_text(encoding="utf-8"))
+    ]
+    assert not hits, "dates in the package (move the evidence to docs/_data and cite docs/evidence.md):\n" + "\n".join(
+        hits
+    )
+
+
+def test_readme_stays_short() -> None:
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= 300, f"README.md has {lines} lines (at most 300): move the detail into docs/ and link it"
+
+
+def test_readme_has_no_tracker_language() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not re.search(r"\b[Ii]ssues? #?\d+", readme), "README.md refers to the issue tracker"
+
+
+def test_evidence_page_is_generated_from_the_committed_json(tmp_path: Path) -> None:
+    out = tmp_path / "evidence.md"
+    assert main(["bench", "--from-json", str(DATA), "--markdown", str(out)]) == 0
+    committed = (ROOT / "docs" / "evidence.md").read_text(encoding="utf-8")
+    assert out.read_text(encoding="utf-8") == committed, (
+        "docs/evidence.md is stale: lightning-speedups bench --from-json docs/_data --markdown docs/evidence.md"
+    )
+
+
+def test_evidence_page_has_the_sections_docstrings_cite() -> None:
+    page = format_evidence(DATA)
+    for name in ("Batch-size finder", "autotune", "Advisor", "Measuring", "Sequence batching", "Workloads",
+                 "Recipes", "Pruning", "Quantization", *EVIDENCE_SECTIONS.values()):  # fmt: skip
+        assert f"\n## {name}\n" in page, name
+    for table in re.findall(r"\n### [^\n]+\n\n([^\n]+)", page):  # every table opens with its machine and date
+        assert table.startswith("Machine: ") and " Date: " in table, table
+
+
+def test_evidence_from_json_prints_without_markdown(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_text(
+        '{"machine": {"cpu": "TestCPU", "cpu_count": 2, "torch_threads": 2, "torch": "x", "device": "cpu"},'
+        ' "date": "D", "quick": true, "errors": {}, "rows": [{"technique": "pruning", "variant": "v", "metric": "m",'
+        ' "baseline": 2.0, "candidate": 1.0, "ratio": 2.0}]}'
+    )
+    assert main(["bench", "--from-json", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Evidence") and "Machine: TestCPU (2 cores" in out and "Date: D." in out
+    assert "| v | m | 2.00x |" in out.split("## Pruning")[1]
+    assert "Nothing is committed for this section yet." in out.split("## Measuring")[1].split("##")[0]
+
+
+# ---------------------------------------------------------------- the package's shape (tools/arch_check.py)
+
+
+def test_package_has_no_circles_no_arrows_up_and_no_module_over_600_lines() -> None:
+    graph = arch_check.import_graph(PACKAGE)
+    assert not arch_check.circles(graph), f"import circles: {arch_check.circles(graph)}"
+    assert not arch_check.arrows_up(graph), "imports up the layers:\n" + "\n".join(arch_check.arrows_up(graph))
+    too_big = [(n, p) for n, p in arch_check.module_sizes(PACKAGE) if n > arch_check.MAX_LINES]
+    assert not too_big, f"modules over {arch_check.MAX_LINES} lines (split at a natural seam): {too_big}"
+
+
+def test_arch_check_finds_circles_arrows_up_and_big_modules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pkg = tmp_path / "lightning_speedups"
+    (pkg / "functional").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from lightning_speedups.functional import a\n")
+    (pkg / "functional" / "__init__.py").write_text("")
+    (pkg / "functional" / "a.py").write_text("from lightning_speedups.functional import b\n")
+    (pkg / "functional" / "b.py").write_text("def f():\n    from . import a\n")  # a lazy import closes the circle
+    (pkg / "callbacks.py").write_text("x = 1\n" * 450)
+    (pkg / "measure.py").write_text("import lightning_speedups.callbacks\n" + "x = 1\n" * 650)
+    graph = arch_check.import_graph(pkg)
+    assert arch_check.circles(graph) == [["lightning_speedups.functional.a", "lightning_speedups.functional.b"]]
+    assert arch_check.arrows_up(graph) == [
+        "lightning_speedups.measure (layer 1) -> lightning_speedups.callbacks (layer 5)"
+    ]
+    assert arch_check.main([str(pkg)]) == 1
+    out = capsys.readouterr().out
+    assert "modules over 600 lines (error): 1" in out and "lightning_speedups/measure.py 651" in out
+    assert "lightning_speedups/callbacks.py 450" in out.split("(warning")[1]  # over 400: a warning only
+    assert "arch_check: FAILED" in out

@@ -1,0 +1,78 @@
+"""The CI sample of the architecture sweep (``tools/arch_sweep.py``, issue 26): one model of every failure class.
+
+Each cell runs as the sweep runs it (the zoo's fit, reload and resume checks, then the technique's effect) and must not
+``fail``: it works with its effect, or ``setup()`` refuses it with a reason, the model unchanged. The models are tiny
+stand-ins of each class (aux logits, dict outputs with pixel targets, an encoder-decoder, a weight-norm conv, channel
+shuffle, a token-mixing MLP, tied embeddings, an LSTM, BatchNorm's version metadata); ``SAMPLE`` in the tool lists them
+with the techniques each class is about. Cells that do not conform yet are in ``EXPECTED_FAIL`` with their reason:
+they xfail strictly, so a fixed cell shows as XPASS and its entry is to be removed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+import torch
+
+from tests.zoo.models import ARCHS
+from tools.arch_sweep import SAMPLE, run_cell
+from tools.arch_sweep_models import find_row, register
+
+pytestmark = [
+    pytest.mark.zoo,
+    pytest.mark.filterwarnings("ignore:The dirpath has changed"),
+]
+
+
+def _needs(row: str) -> str | None:
+    """The optional package a row needs to build (the zoo extra: timm, transformers)."""
+    return "transformers" if row.startswith("hf_") else "timm" if row == "mixer_tiny" else None
+
+
+# (row, technique) -> why the cell fails today (issue 26's classes); strict xfail: remove an entry when its cell passes
+EXPECTED_FAIL: dict[tuple[str, str], str] = {
+    ("hf_wav2vec2", "pruning_mask"): "weight-norm parametrization (original0/original1): the resumed run's weights "
+    "differ from the uninterrupted run's",
+}
+
+# a refusal of these cells must name the module that blocks the technique
+MUST_NAME = {("lstm", "pruning"): "LSTM"}
+
+CELLS = [(row, tech) for row, techs in SAMPLE.items() for tech in techs]
+
+
+def _param(row: str, tech: str) -> object:
+    reason = EXPECTED_FAIL.get((row, tech))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(row, tech, id=f"sweep-{row}-{tech}", marks=marks)
+
+
+def test_sample_covers_every_class():
+    assert len(SAMPLE) >= 9 and all(SAMPLE.values())
+    assert set(EXPECTED_FAIL) <= set(CELLS), "EXPECTED_FAIL names a cell that is not in the sample"
+
+
+@pytest.mark.parametrize(("row", "tech"), [_param(r, t) for r, t in CELLS])
+def test_arch_sweep_sample(row: str, tech: str):
+    need = _needs(row)
+    if need and importlib.util.find_spec(need) is None:
+        pytest.skip(f"{row} needs {need}")
+    added = row not in ARCHS
+    if added:  # registered for this cell only: the zoo's own table lists ARCHS at the end of the session
+        register(find_row(row))
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rec = run_cell(row, tech)
+    finally:
+        if added:
+            ARCHS.pop(row, None)
+    if rec["outcome"] == "skipped":
+        pytest.skip(rec.get("message", ""))
+    assert rec["outcome"] != "fails", f"{rec.get('error')}: {rec.get('message')} [at {rec.get('where')}]"
+    name = MUST_NAME.get((row, tech))
+    if rec["outcome"] == "refused" and name:
+        assert name in rec["message"], f"the refusal does not name {name}: {rec['message']}"

@@ -1,0 +1,428 @@
+"""Architecture sweep: every registered technique on whole model families, outside CI (issue 26).
+
+Usage::
+
+    python tools/arch_sweep.py --out docs/_generated/arch_sweep.json --md docs/_generated/arch_sweep.md
+    python tools/arch_sweep.py ... --chunk 2/8                 # the 2nd of 8 deterministic slices of the rows
+    python tools/arch_sweep.py ... --families hf seq           # hf, seq, torchvision, timm
+    python tools/arch_sweep.py ... --techniques pruning qat    # zoo technique names (default: every non-combo one)
+    python tools/arch_sweep.py ... --sample                    # the CI sample (tests/zoo/test_arch_sweep_sample.py)
+    python tools/arch_sweep.py --md docs/_generated/arch_sweep.md --out ... --table-only   # re-render the table
+
+Rows come from ``tools/arch_sweep_models.py``; columns are the zoo's techniques (``tests/zoo/techniques.py``: every
+registered technique, its variants and ``quantize_for_inference``). Each cell runs the zoo's checks
+(``tests/zoo/cells.py``): 2 epochs of 2 batches with a checkpoint per epoch, reload into a fresh model, resume from
+epoch 1, and records
+
+- ``works``: it trained, reloaded and resumed, and the technique's effect shows (``EFFECTS`` below);
+- ``refused``: ``setup()`` raised ``SpeedupConfigError`` before any step with the model unchanged (the reason kept);
+- ``fails``: anything else (exception type, message and where; ``no effect: ...``; a late or destructive refusal);
+- ``skipped``: the row does not build offline / at any input size, or is over ``--max-params``.
+
+Cells run in a worker subprocess per row; the parent kills a worker past ``--cell-timeout`` or ``--max-rss-mb`` (the
+cell is recorded as ``fails``) and starts a new one for the rest. Results are appended to ``<out>.jsonl`` cell by cell,
+so an interrupted sweep resumes where it stopped; ``<out>`` (JSON) and the markdown table are rewritten after each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.arch_sweep_table import load_results, write_outputs  # noqa: E402 - after the path set-up
+
+FAMILIES = ("hf", "seq", "torchvision", "timm")
+
+# the CI sample (tests/zoo/test_arch_sweep_sample.py): one model of every failure class of issue 26, each with the
+# techniques that class is about; `--sample` runs exactly these cells
+SAMPLE: dict[str, tuple[str, ...]] = {
+    # aux logits, only in train mode: the still-runs checks must run the model as training will
+    "tv_googlenet": ("pruning", "progressive_resizing", "finetune"),
+    "aux_tiny": ("pruning", "progressive_resizing", "finetune"),
+    # {'out', 'aux'} dict output with per-pixel targets
+    "seg_tiny": ("pruning", "progressive_resizing", "label_smoothing", "quantize_for_inference"),
+    # encoder-decoder transformers (tied embeddings, ModelOutput outputs)
+    "hf_t5": ("pruning", "pruning_mask", "qat", "quantize_for_inference"),
+    "hf_whisper": ("pruning", "quantize_for_inference"),
+    # weight-norm parametrized positional conv
+    "hf_wav2vec2": ("pruning_mask", "pruning", "quantize_for_inference"),
+    "tv_shufflenet_v2_x0_5": ("pruning", "pruning_mask"),  # channel shuffle
+    "mixer_tiny": ("pruning", "qat"),  # token-mixing MLP
+    "hf_gpt2": ("pruning", "pruning_mask", "sequence_batching"),  # tied input / output embeddings
+    "hf_llama": ("pruning",),  # rotary embeddings: torch-pruning's dependency propagation loops
+    "lstm": ("pruning", "pruning_mask", "qat", "quantize_for_inference"),  # recurrent weights
+    # modules whose _load_from_state_dict reads the version in the state dict's _metadata (MNASNet's stem)
+    "tv_mnasnet0_5": ("ema", "pruning", "pruning_mask", "qat"),
+    "bn_cnn": ("pruning", "qat"),  # plain BatchNorm (version 2 metadata, num_batches_tracked)
+}
+
+
+# ---------------------------------------------------------------------------------------------------- effects
+def _cb(cbs: list[Any], name: str) -> Any:
+    return next((cb for cb in cbs if type(cb).__name__ == name), None)
+
+
+def _effect_ema(model: Any, cbs: list[Any]) -> str | None:
+    avg = getattr(_cb(cbs, "EMA"), "_average_model", None)  # Lightning's EMAWeightAveraging keeps an AveragedModel
+    n = int(avg.n_averaged) if avg is not None else 0
+    return None if n > 0 else "no EMA update was made"
+
+
+def _effect_lr_changed(model: Any, cbs: list[Any]) -> str | None:
+    cb = _cb(cbs, "FastSchedule")
+    lrs = {g["lr"] for opt in model.trainer.optimizers for g in opt.param_groups}
+    if cb is None or not cb.peak_lrs:
+        return "FastSchedule set no peak learning rate"
+    return None if lrs != {model.lr} else f"the optimizer still trains at the module's lr {model.lr}"
+
+
+def _effect_resized(model: Any, cbs: list[Any]) -> str | None:
+    sizes = _cb(cbs, "ProgressiveResizing").sizes
+    full = f"{model.size}x{model.size}"
+    return None if any(k != full for k in sizes) else f"no training batch was resized from {full} (seen: {sizes})"
+
+
+def _effect_mask(model: Any, cbs: list[Any]) -> str | None:
+    # the zoo's check reads `*.weight` only; recurrent weights are `weight_ih_l0`, ...
+    zeros = sum(int((p == 0).sum()) for n, p in model.named_parameters() if "weight" in n and p.dim() > 1)
+    return None if zeros > 0 else "mask pruning left no zero weight"
+
+
+def _effect_flags(model: Any, cbs: list[Any]) -> str | None:
+    return None if _cb(cbs, "SpeedFlags").applied else "SpeedFlags reported no flag"
+
+
+def _effect_tokens(model: Any, cbs: list[Any]) -> str | None:
+    cb = _cb(cbs, "TokenThroughput")
+    if not cb.active:  # its documented stop: a warning, nothing logged for the rest of the fit
+        return "no-op: TokenThroughput found no token tensor in the batches and stopped with a warning"
+    return None if cb.last_count is not None or cb.metrics else "TokenThroughput counted no token"
+
+
+def _effect_sequences(model: Any, cbs: list[Any]) -> str | None:
+    cb = _cb(cbs, "SequenceBatching")
+    return None if cb.chosen is not None or cb.loader is not None else "SequenceBatching built no loader"
+
+
+# effects the zoo's `EFFECTS` (tests/zoo/techniques.py) does not check, or checks only for its rows (32 px images,
+# `*.weight` names); where a technique has an entry here, it decides instead of the zoo's
+EFFECTS: dict[str, Callable[[Any, list[Any]], str | None]] = {
+    "ema": _effect_ema,
+    "fast_schedule": _effect_lr_changed,
+    "fast_schedule_no_sched": _effect_lr_changed,
+    "progressive_resizing": _effect_resized,
+    "pruning_mask": _effect_mask,
+    "speed_flags": _effect_flags,
+    "token_throughput": _effect_tokens,
+    "sequence_batching": _effect_sequences,
+}
+# and quantize_for_inference: an int8 model with >= 1 quantized layer, or a float result for timing reasons only (not
+# because every candidate failed): see `_quantize`
+
+
+# ---------------------------------------------------------------------------------------------------- one cell
+def _where(problem: str) -> str:
+    m = re.search(r"\[at ([^\]]+)\]", problem)
+    return m.group(1) if m else ""
+
+
+def _fails(kind: str, message: str, where: str = "") -> dict[str, Any]:
+    return {"outcome": "fails", "error": kind, "message": " ".join(message.split())[:400], "where": where}
+
+
+def _error_parts(text: str) -> tuple[str, str]:
+    m = re.match(r"(\w+(?:Error|Exception|Warning|Interrupt)?): (.*)", text, re.S)
+    return (m.group(1), m.group(2)) if m else ("Error", text)
+
+
+def _quantize(arch: str) -> dict[str, Any]:
+    import lightning as L
+    import torch
+
+    import lightning_speedups as ls
+    from tests.zoo.cells import _diff_snapshots, _outputs, _short, _snapshot, as_tensor
+    from tests.zoo.models import build
+
+    L.seed_everything(0, verbose=False)
+    model = build(arch, seed=0).eval()
+    inputs, before, ref = model.fixed_inputs(), _snapshot(model), _outputs(model)
+    try:
+        qmodel, report = ls.quantize_for_inference(model, inputs, repeats=2, budget_s=1.0)
+    except ls.SpeedupConfigError as err:
+        return {"outcome": "refused", "message": _short(err)}
+    except Exception as err:  # noqa: BLE001
+        return _fails(*_error_parts(_short(err)), where="quantize_for_inference")
+    changed = _diff_snapshots(before, _snapshot(model))
+    if changed:
+        return _fails("Changed", f"the input model was changed: {changed}")
+    with torch.no_grad():
+        out = as_tensor(qmodel(*inputs)).float()
+    if out.shape != ref.shape or float((out - ref).abs().max()) > 0.1 * float(ref.abs().max()) + 1e-6:
+        return _fails("Inaccurate", f"backend {report.backend!r} output differs from the float model's")
+    cands = report.candidates
+    ok = [n for n, c in cands.items() if c.get("status") == "ok"]
+    errs = "; ".join(f"{n}: {c.get('error', c.get('status'))}" for n, c in cands.items())
+    if report.backend == "none" and all(c.get("status") == "failed" for c in cands.values()):
+        # a float model back because no path could quantize it (only recorded in the report): a silent no-op
+        return _fails("NoEffect", f"no effect: every int8 candidate failed ({errs})")
+    if report.backend == "none" and not ok:  # the accuracy gate rejected them: by design, said in the report
+        return {"outcome": "works", "message": f"no-op: float model back, no candidate within tolerance ({errs})"}
+    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)  # what the report counts as float
+    layers = sum(1 for m in model.modules() if type(m) in kinds)
+    if report.backend != "none" and len(report.unsupported_layers) >= layers:
+        return _fails("NoEffect", f"no effect: backend {report.backend!r} left all {layers} layers in float")
+    note = report.backend if report.backend != "none" else f"none, {len(ok)} candidate(s) accurate but not faster"
+    return {"outcome": "works", "message": f"backend {note}"}
+
+
+def run_cell(arch: str, tech: str) -> dict[str, Any]:
+    """Run one cell of a registered row; return its record (outcome, message, error, where, checks)."""
+    from tests.zoo.cells import ANY_OUTCOME, Cell, cleanup, fit_cell, reload_check, resume_check
+    from tests.zoo.techniques import missing_needs
+
+    cell = Cell(arch, tech)
+    if tech == "quantize_for_inference":
+        return _quantize(arch)
+    missing = missing_needs(cell.technique)
+    if missing:
+        return {"outcome": "skipped", "message": f"needs {missing}"}
+    root = Path(tempfile.mkdtemp(prefix=f"sweep-{arch}-{tech}-"))
+    try:
+        rec = fit_cell(cell, root, want=ANY_OUTCOME)
+        if rec.outcome == "refused":
+            if rec.problem:
+                return _fails("BadRefusal", rec.problem)
+            return {"outcome": "refused", "message": rec.message}
+        if rec.outcome == "error":
+            kind, msg = _error_parts(rec.message)
+            return _fails(kind, msg, _where(rec.problem or ""))
+        if rec.outputs is not None and not bool(rec.outputs.isfinite().all()):
+            return _fails("Diverged", "training ended with non-finite outputs (NaN/inf)")
+        effect = EFFECTS.get(tech)
+        if rec.problem and not (effect is not None and "effect is missing" in rec.problem):
+            if "effect is missing" in rec.problem:
+                return _fails("NoEffect", "no effect: " + rec.problem.split("missing: ", 1)[-1])
+            return _fails("Run", rec.problem)
+        missing_effect = effect(rec.model, rec.callbacks) if effect is not None else None  # ours decides, if any
+        note = missing_effect if missing_effect and missing_effect.startswith("no-op:") else None
+        if missing_effect and not note:
+            return _fails("NoEffect", f"no effect: {missing_effect}")
+        checks = {}
+        for name, check in (("resume", resume_check), ("reload", reload_check)):
+            problem = check(cell, rec)
+            checks[name] = "ok" if problem is None else problem
+            if problem:
+                kind = "Crash" if "crashed" in problem else "Mismatch"
+                return {**_fails(kind, f"{name}: {problem}"), "checks": checks}
+        return {"outcome": "works", "checks": checks, **({"message": note} if note else {})}
+    finally:
+        if "rec" in locals():
+            cleanup(rec)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------- worker process
+def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_cache: Path | None) -> None:
+    """Build ``row_name``, then run its cells for ``techs``, appending one JSON line per cell to ``results``."""
+    import warnings
+
+    import torch
+
+    from tools.arch_sweep_models import find_row, register
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(int(os.environ.get("LS_SWEEP_THREADS", "1")))
+    row = find_row(row_name, timm_cache)
+    base = {"row": row.name, "family": row.family, "source": row.source}
+    try:
+        size = register(row)
+    except Exception as err:  # noqa: BLE001 - the row does not build offline / run at any size
+        for tech in techs:
+            _append(results, {**base, "tech": tech, "outcome": "skipped", "message": f"does not build: {err}"[:400]})
+        return
+    base["size"] = size
+    for tech in techs:
+        tmp = progress.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"tech": tech, "start": time.time()}))
+        tmp.replace(progress)  # atomic: the parent polls this file
+        t0 = time.time()
+        try:
+            rec = run_cell(row.name, tech)
+        except Exception as err:  # noqa: BLE001 - a crash of the harness itself is still this cell's result
+            rec = _fails(type(err).__name__, f"sweep harness: {err}")
+        gc.collect()  # Lightning's trainer <-> module cycles: free the cell's models before the next one
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _append(results, {**base, "tech": tech, **rec, "seconds": round(time.time() - t0, 1), "at": at})
+
+
+def _append(path: Path, rec: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+        f.flush()
+
+
+# ---------------------------------------------------------------------------------------------------- the parent
+def _record_counts(path: Path) -> Counter[tuple[str, str]]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return Counter((r["row"], r["tech"]) for r in map(json.loads, filter(str.strip, lines)))
+
+
+def _rss_mb(pid: int) -> float:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
+    except psutil.Error:
+        return 0.0
+
+
+def _progress_path(parent_pid: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"arch_sweep.{parent_pid}.progress"  # the running cell of the parent's worker
+
+
+def _redo(rec: dict[str, Any], redo: list[str]) -> bool:
+    return rec.get("error") in redo or (rec["outcome"] in redo and rec["outcome"] != "works")
+
+
+def _read_progress(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace) -> None:
+    """Run the row's pending cells in worker subprocesses; a cell past the time or memory limit is a ``fails``.
+
+    Cells recorded with an error type in ``args.redo`` (e.g. a ``NameError`` of a library caught mid-edit) run once
+    more.
+    """
+    base = {"row": row.name, "family": row.family, "source": row.source}
+    first = load_results(results)
+    redo = {t for t in techs if (row.name, t) in first and _redo(first[(row.name, t)], args.redo)}
+    runs = _record_counts(results)
+    while True:
+        done, counts = load_results(results), _record_counts(results)
+        redo = {t for t in redo if counts[(row.name, t)] == runs[(row.name, t)]}  # not yet run again
+        pending = [t for t in techs if (row.name, t) not in done or t in redo]
+        if not pending:
+            return
+        progress = _progress_path(os.getpid())
+        progress.unlink(missing_ok=True)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", row.name, "--techniques", *pending,
+               "--out", str(args.out)]  # fmt: skip
+        log = Path(tempfile.gettempdir()) / f"{results.stem}.worker.log"  # the workers' output, for debugging
+        with log.open("a") as logf:
+            logf.write(f"\n=== {row.name}: {' '.join(pending)}\n")
+            logf.flush()
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+            killed = None
+            while proc.poll() is None:
+                time.sleep(1.0)
+                state = _read_progress(progress)
+                if state and time.time() - state["start"] > args.cell_timeout:
+                    killed = ("Timeout", f"the cell ran past --cell-timeout {args.cell_timeout} s")
+                elif args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
+                    killed = ("MemoryLimit", f"the worker grew past --max-rss-mb {args.max_rss_mb}")
+                if killed:
+                    proc.kill()
+                    proc.wait()
+        state = _read_progress(progress)
+        progress.unlink(missing_ok=True)
+        current = state["tech"] if state else pending[0]
+        if _record_counts(results)[(row.name, current)] > counts[(row.name, current)] and not killed:
+            continue  # the worker recorded its last cell: done, or restarted for the rest
+        if killed is None:  # died without a record: a segfault, an os._exit in a dependency
+            tail = log.read_text()[-300:] if log.exists() else ""
+            killed = ("WorkerDied", f"the worker exited with code {proc.returncode}: {tail}")
+        _append(results, {**base, "tech": current, **_fails(*killed), "seconds": None})
+
+
+def select_rows(args: argparse.Namespace) -> list[Any]:
+    from tools.arch_sweep_models import all_rows, sample_rows
+
+    if args.sample:
+        return [r for r in sample_rows() if r.name in SAMPLE]
+    cache = args.out.with_name("arch_sweep_timm_plan.json") if "timm" in args.families else None
+    rows = all_rows(tuple(args.families), cache)
+    i, n = (int(v) for v in args.chunk.split("/"))
+    return [r for k, r in enumerate(rows) if k % n == i - 1]
+
+
+def techniques_for(row: Any, args: argparse.Namespace) -> list[str]:
+    from tests.zoo.techniques import TECHNIQUES
+
+    if args.sample:
+        return [t for t in SAMPLE[row.name] if not args.techniques or t in args.techniques]
+    names = [t.name for t in TECHNIQUES.values() if not t.combo]
+    return [t for t in names if not args.techniques or t in args.techniques]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "docs/_generated/arch_sweep.json")
+    p.add_argument("--md", type=Path, default=None)
+    p.add_argument("--chunk", default="1/1", help="i/n: the i-th of n deterministic slices of the rows")
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    p.add_argument("--techniques", nargs="+", default=[])
+    p.add_argument("--rows", nargs="+", default=[], help="only these rows (names as in the table)")
+    p.add_argument("--sample", action="store_true", help="the CI sample cells only")
+    p.add_argument("--max-params", type=float, default=40e6, help="rows above it are skipped (0: no limit)")
+    p.add_argument("--cell-timeout", type=float, default=600.0)
+    p.add_argument("--max-rss-mb", type=float, default=6000.0)
+    p.add_argument(
+        "--redo",
+        nargs="*",
+        default=["NameError", "ImportError"],
+        help="run again cells recorded with these error types (a library caught mid-edit), or with these outcomes "
+        "('fails', 'refused', 'skipped')",
+    )
+    p.add_argument("--table-only", action="store_true", help="re-render the JSON and markdown from the results")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    results = args.out.with_suffix(".jsonl")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    if args.worker:
+        timm_cache = args.out.with_name("arch_sweep_timm_plan.json")
+        progress = _progress_path(os.getppid())
+        worker(args.worker, args.techniques, results, progress, timm_cache)
+        return
+    rows = [] if args.table_only else select_rows(args)
+    for row in rows:
+        if args.rows and row.name not in args.rows:
+            continue
+        techs = techniques_for(row, args)
+        if args.max_params and row.params and row.params > args.max_params:
+            done = load_results(results)
+            for t in techs:
+                if (row.name, t) not in done:
+                    _append(results, {"row": row.name, "family": row.family, "source": row.source, "tech": t,
+                                      "outcome": "skipped", "params": row.params,
+                                      "message": f"{row.params / 1e6:.0f}M parameters > --max-params "
+                                                 f"{args.max_params / 1e6:.0f}M"})  # fmt: skip
+            continue
+        print(f"[sweep] {row.name}: {len(techs)} cells", file=sys.stderr, flush=True)
+        run_row(row, techs, results, args)
+        write_outputs(results, args.out, args.md)
+    write_outputs(results, args.out, args.md)
+
+
+if __name__ == "__main__":
+    main()
