@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_speedups.measure import PlanCache, plan_key
 from lightning_speedups._errors import check_choice
+from lightning_speedups.measure import PlanCache, plan_key
 
 __all__ = ["cached_probe", "measure_cpu_layout_and_precision"]
 
@@ -42,8 +42,7 @@ def measure_cpu_layout_and_precision(
     on CPUs without bf16 units bf16 is ~10x slower, and channels_last helps some CPUs and not others: hence measure,
     not assume.
     """
-    from lightning_speedups.measure import MeasuredRatio, conservative_ratio
-    from lightning_speedups.measure import compare, make_train_step, model_copy
+    from lightning_speedups.measure import MeasuredRatio, compare, conservative_ratio, make_train_step, model_copy
 
     for p in precisions:
         check_choice("precisions", p, PRECISIONS)

@@ -22,11 +22,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups.measure import describe_ratio
 from lightning_speedups._recipe_probe import cached_probe, measure_cpu_layout_and_precision
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 from lightning_speedups.data import BatchAugment, DeviceDataLoader
+from lightning_speedups.measure import describe_ratio
 from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, SpeedupMixin
 from lightning_speedups.settings import trainer_settings
 

@@ -17,7 +17,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups.measure import describe_ratio
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._settings_vocab import (
     _REMOVED_STRATEGIES,
@@ -29,6 +28,7 @@ from lightning_speedups._settings_vocab import (
     _normalise_precision,
 )
 from lightning_speedups.functional.advisor import bf16_autocast_speedup
+from lightning_speedups.measure import describe_ratio
 
 __all__ = [
     "TrainerSettings",
