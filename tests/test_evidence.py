@@ -137,3 +137,26 @@ def test_arch_check_finds_circles_arrows_up_and_big_modules(tmp_path: Path, caps
     assert "modules over 600 lines (error): 1" in out and "lightning_speedups/measure.py 651" in out
     assert "lightning_speedups/callbacks.py 450" in out.split("(warning")[1]  # over 400: a warning only
     assert "arch_check: FAILED" in out
+
+
+def _long_functions_without_a_reason(limit: int = 60) -> list[str]:
+    """Functions whose body (docstring left out) runs past ``limit`` lines with no ``# long: <why>`` comment in it."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = node.body[0]
+            has_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            start = first.end_lineno + 1 if has_doc and len(node.body) > 1 else first.lineno
+            body = lines[start - 1 : node.end_lineno]
+            if len(body) > limit and not any(line.strip().startswith("# long:") for line in body):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({len(body)} lines)")
+    return found
+
+
+def test_no_function_over_60_lines_without_a_reason() -> None:
+    long = _long_functions_without_a_reason()
+    assert not long, "split these at a seam, or say why they are long with a '# long: ...' comment:\n" + "\n".join(long)

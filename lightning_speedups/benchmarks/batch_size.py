@@ -75,6 +75,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     training-set size (no OOM on a CPU), ours from 16 until its plateau rule stops it. Quick mode shrinks the problem
     for both (16x16 images, 5 of the 10 digit classes: ~720 training images) instead of capping Lightning.
     """
+    # long: a benchmark script: one measurement after another, read top to bottom
     size = 16 if quick else 32
     classes = list(range(5)) if quick else None
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -175,6 +176,7 @@ def background_load(processes: int = 1) -> Iterator[None]:
 
 def run_under_load(quick: bool = True, runs: int | None = None) -> list[BenchRow]:
     """Decision quality and search time of our finder with a CPU-bound process on the machine (issue 15 targets)."""
+    # long: a benchmark script: one measurement after another, read top to bottom
     size = 16 if quick else 32
     classes = list(range(5)) if quick else None
     runs = runs or (3 if quick else 10)

@@ -73,6 +73,7 @@ def run_channels_last(quick: bool = True) -> list[BenchRow]:
     Returns:
         One row (train step, samples/s; full mode adds an inference row and the digits accuracy of both).
     """
+    # long: a benchmark script: one measurement after another, read top to bottom
     from lightning_speedups.demo import DemoClassifier
     from lightning_speedups.functional.channels_last import apply_channels_last
 

@@ -100,6 +100,7 @@ def run(quick: bool = True) -> list[BenchRow]:
     Returns:
         :class:`BenchRow` s; ``ratio`` = candidate samples/s / baseline samples/s.
     """
+    # long: a benchmark script: one measurement after another, read top to bottom
     n, repeats, width, steps = (2048, 3, 8, 2) if quick else (4096, 5, 16, 6)
     batch_size = 256
     pipes = _pipelines(n, batch_size)

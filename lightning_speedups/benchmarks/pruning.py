@@ -68,6 +68,7 @@ def run(quick: bool = True) -> list[BenchRow]:
 
     Quick mode (about 15 s on 2 idle cores) times at torch's default threads only; full mode also on 1 thread.
     """
+    # long: a benchmark script: one measurement after another, read top to bottom
     torch.manual_seed(0)
     width = 32
     pretrain, finetune, lr, repeats = (80, 60, 3e-3, 3) if quick else (150, 150, 2e-3, 10)

@@ -58,6 +58,7 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 def run(quick: bool = True) -> list[BenchRow]:
     """Train fp32 and QAT MLPs on digits, convert both to int8, return the benchmark rows."""
+    # long: a benchmark script: one measurement after another, read top to bottom
     hidden, epochs, backend = (1024, 3, "eager_dynamic") if quick else (4096, 6, "auto")
     xtr, ytr, xva, yva = _data()
     torch.manual_seed(0)

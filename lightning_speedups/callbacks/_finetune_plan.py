@@ -131,6 +131,7 @@ def _resolve_backbone(model: nn.Module, spec: BackboneSpec) -> list[str]:
 
 def _plan(model: nn.Module, cfg: FineTuneConfig) -> tuple[list[_Group], list[str]]:
     """The backbone's layer groups (top group first) and the names of the always-trainable parameters."""
+    # long: one walk over the layer groups that builds the whole plan in order
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     if cfg.backbone is None:

@@ -290,6 +290,7 @@ def _prune(
     trace: dict[str, Any],
 ) -> None:
     """Plan every group, refuse a layer that would lose all its channels, then prune (fills ``summary``)."""
+    # long: one transaction: plan every group, refuse, then prune; split, the plan would be passed around
     names = {m: n for n, m in model.named_modules()}
     prunable_ignored = list(ignored)
     if attention_modules(model):  # transformers: feed-forward blocks only; every other root is held fixed
