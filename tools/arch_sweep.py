@@ -1,4 +1,4 @@
-"""Architecture sweep: every registered technique on whole model families, outside CI (issue 26).
+"""Architecture sweep: every registered technique on whole model families, outside CI.
 
 Usage::
 
@@ -49,7 +49,7 @@ from tools.arch_sweep_table import load_results, write_outputs  # noqa: E402 - a
 
 FAMILIES = ("hf", "seq", "torchvision", "timm")
 
-# the CI sample (tests/zoo/test_arch_sweep_sample.py): one model of every failure class of issue 26, each with the
+# the CI sample (tests/zoo/test_arch_sweep_sample.py): one model of every failure class the sweep found, each with the
 # techniques that class is about; `--sample` runs exactly these cells
 SAMPLE: dict[str, tuple[str, ...]] = {
     # aux logits, only in train mode: the still-runs checks must run the model as training will

@@ -1,4 +1,4 @@
-"""The CI sample of the architecture sweep (``tools/arch_sweep.py``, issue 26): one model of every failure class.
+"""The CI sample of the architecture sweep (``tools/arch_sweep.py``): one model of every failure class.
 
 Each cell runs as the sweep runs it (the zoo's fit, reload and resume checks, then the technique's effect) and must not
 ``fail``: it works with its effect, or ``setup()`` refuses it with a reason, the model unchanged. The models are tiny
@@ -31,7 +31,7 @@ def _needs(row: str) -> str | None:
     return "transformers" if row.startswith("hf_") else "timm" if row == "mixer_tiny" else None
 
 
-# (row, technique) -> why the cell fails today (issue 26's classes); strict xfail: remove an entry when its cell passes
+# (row, technique) -> why the cell fails today; strict xfail: remove an entry when its cell passes
 EXPECTED_FAIL: dict[tuple[str, str], str] = {
     ("hf_wav2vec2", "pruning_mask"): "weight-norm parametrization (original0/original1): the resumed run's weights "
     "differ from the uninterrupted run's",
