@@ -25,7 +25,14 @@ from lightning_speedups._rebuild import rebuild_optimizers, rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import apply_structure_records, store_structure_record
 from lightning_speedups.functional._mask_pruning import mask_tensors
-from lightning_speedups.functional._masks import attach_mask, masked_modules, named_masks, resolve_mask_key
+from lightning_speedups.functional._masks import (
+    attach_mask,
+    masked_modules,
+    named_masks,
+    resolve_mask_key,
+    restore_weight_norm_originals,
+    weight_norm_originals,
+)
 from lightning_speedups.functional.pruning import (
     RECORD_KEY,
     STRUCTURED_IMPORTANCES,
@@ -145,6 +152,7 @@ class Pruning(L.Callback):
         self.params_dense: int | None = None
         self.channels: dict[str, int] = {}  # dense channels per prunable layer: schedule targets are relative to them
         self._masks: dict[str, torch.Tensor] = {}
+        self._originals: dict[str, dict[str, torch.Tensor]] = {}  # masked weight norms' raw (g, v), for a resume
         self._model: L.LightningModule | None = None
         self._ignored_names: list[str] | None = None
         self._batch_inputs: Any = None  # example input derived from the first training batch
@@ -236,12 +244,14 @@ class Pruning(L.Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        masks = dict(self._masks)
+        masks, originals = dict(self._masks), dict(self._originals)
         if self.mode == "unstructured" and self._model is not None:
             live = {k: m.bool().clone() for k, m in named_masks(self._model).items()}
             masks = live or masks  # after make_permanent the last masks are kept for a later resume
+            originals = weight_norm_originals(self._model) if live else {}
         return {"steps_done": self.steps_done, "applied": self.applied, "params_dense": self.params_dense,
-                "channels": dict(self.channels), "masks": masks}  # fmt: skip
+                "channels": dict(self.channels), "masks": masks,
+                "weight_norm_originals": originals}  # fmt: skip
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -249,6 +259,7 @@ class Pruning(L.Callback):
         self.applied = float(state_dict.get("applied", 0.0))
         self.params_dense = state_dict.get("params_dense")
         self._masks = dict(state_dict.get("masks") or {})
+        self._originals = dict(state_dict.get("weight_norm_originals") or {})
         self.channels = dict(state_dict.get("channels") or {})
 
     @override
@@ -260,6 +271,9 @@ class Pruning(L.Callback):
             for key, mask in self._masks.items():
                 module, name = resolve_mask_key(pl_module, key)  # a module name, or `rnn.weight_hh_l0`
                 attach_mask(module, mask, name)
+            # the checkpoint's weights have the masks folded into each weight norm's g and v; the raw pair
+            # trains on exactly as before the stop
+            restore_weight_norm_originals(pl_module, self._originals)
             rewrap_ddp(trainer)  # parametrizing re-sets the weights: DDP's gradient hooks must be registered anew
 
     # ------------------------------------------------------------------ pruning

@@ -164,6 +164,33 @@ def attach_mask(module: nn.Module, mask: torch.Tensor, name: str = "weight") -> 
     return weight_mask(module, name)  # type: ignore[return-value]
 
 
+def weight_norm_originals(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+    """``{mask_key: {"original0": g, "original1": v}}`` (copies) of every masked, weight-normed tensor of ``model``.
+
+    A cleaned state dict folds the mask into ``g`` and ``v``, which changes ``||v||``: the same weight, but not the
+    same training from there. A resume puts these raw tensors back, so it trains as if it had not stopped.
+    """
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for module_name, module in model.named_modules():
+        for name in masked_tensor_names(module):
+            plist = module.parametrizations[name]  # type: ignore[index]
+            if any(is_weight_norm(p) for p in plist):
+                out[mask_key(module_name, name)] = {
+                    k: getattr(plist, k).detach().clone() for k in ("original0", "original1")
+                }
+    return out
+
+
+def restore_weight_norm_originals(model: nn.Module, originals: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Copy :func:`weight_norm_originals` back into ``model``'s (masked) weight norms, in place."""
+    for key, tensors in originals.items():
+        module, name = resolve_mask_key(model, key)
+        plist = module.parametrizations[name]  # type: ignore[index]
+        with torch.no_grad():
+            for k, value in tensors.items():
+                getattr(plist, k).copy_(value)
+
+
 def _fold_weight_norm(g: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(g', v')`` with ``g' * v' / ||v'|| == mask * g * v / ||v||``: the mask folded into a weight norm.
 

@@ -241,6 +241,12 @@ def test_masks_weight_norm_fit_reload_resume(tmp_path):
     assert not named_masks(resumed) and _compat.is_weight_norm(resumed.net.conv.parametrizations.weight[0])
     assert sum(p.numel() for p in resumed.parameters()) == dense_params
     assert int((resumed.net.conv.weight == 0).sum()) >= resumed.net.conv.weight.numel() // 2
+    # the same as not stopping: the checkpoint carries each masked weight norm's raw (g, v) for the resume
+    L.seed_everything(0, verbose=False)
+    straight = _WeightNormModule()
+    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0)
+    quiet_trainer(max_epochs=2, limit_train_batches=2, callbacks=[cb]).fit(straight)
+    assert torch.equal(resumed.net.conv.weight, straight.net.conv.weight)
 
 
 def test_masks_compat_is_weight_norm():

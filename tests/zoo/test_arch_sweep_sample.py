@@ -33,8 +33,6 @@ def _needs(row: str) -> str | None:
 
 # (row, technique) -> why the cell fails today; strict xfail: remove an entry when its cell passes
 EXPECTED_FAIL: dict[tuple[str, str], str] = {
-    ("hf_wav2vec2", "pruning_mask"): "weight-norm parametrization (original0/original1): the resumed run's weights "
-    "differ from the uninterrupted run's",
 }
 
 # a refusal of these cells must name the module that blocks the technique
