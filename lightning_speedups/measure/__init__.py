@@ -13,15 +13,7 @@ helper). :func:`interleaved_timings` gives a benchmark table its raw times (A B 
 :func:`machine_info` names the machine above it. Measured plans and verdicts are kept by :class:`PlanCache`.
 
 Ratios, not absolute times: candidates run interleaved so machine noise (other processes, thermal state) spreads
-evenly over them, and ratios compare medians.
-
-Example::
-
-    >>> times = interleaved_timings({"a": lambda: sum(range(100)), "b": lambda: sum(range(100))}, repeats=3)
-    >>> sorted(times), len(times["a"])
-    (['a', 'b'], 3)
-    >>> speed_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
-    2.0
+evenly over them, and ratios compare medians (the loop and its example: ``measure/timing.py``).
 """
 
 from lightning_speedups.measure.cache import PlanCache, default_cache_dir, plan_key

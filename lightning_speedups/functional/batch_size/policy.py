@@ -47,9 +47,7 @@ CURVE_Z = 3.0  # a verdict from the fitted curve must clear its threshold by thi
 class Search(Measurements):
     """The state of one search: its ``Measurements``, the climb's verdicts and the final choice.
 
-    ``run(b, extra)`` measures size ``b`` (``extra``: a re-measurement, kept out of the first-pass table).
-    ``epoch_samples``: samples per epoch (per rank) when the loader keeps its last partial batch; sizes are then
-    ranked by the cost of a whole epoch (``curve.epoch_factor``), not of full batches only.
+    The arguments are those of ``Measurements``.
     """
 
     def __init__(
