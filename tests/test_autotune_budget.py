@@ -81,11 +81,14 @@ def test_a_run_too_short_to_measure_says_so_once_with_the_budget_it_needs_and_ad
     _patched(monkeypatch, machine)
     plan = autotune(_Encoder(), _loader(), cache=False, clock=machine.clock, max_epochs=1)
     assert plan.choices == [] and plan.callbacks == [] and machine.calls == 4
-    budget_notes = [n for n in plan.notes if "not tried" in n or "nothing measured" in n]
+    budget_notes = [n for n in plan.notes if "trial budget" in n or "nothing measured" in n]
     assert len(budget_notes) == 1, plan.notes
     (note,) = budget_notes
     assert note.startswith("nothing measured: the run is too short for one comparison; ")
-    assert "precision, channels_last, data, batch_size, optimizer, compile not tried" in note
+    # what could not be tried anyway says its own reason, not the budget's
+    assert "precision, data, batch_size, compile not tried" in note
+    assert "channels_last not tried: no 4-D input or no Conv2d" in plan.notes
+    assert any(n.startswith("fused/foreach optimizer not tried: `_Encoder.configure_optimizers`") for n in plan.notes)
     assert "(0.00s of 0.10s, 5% of a planned run of about 2.0s)" in note
     fits = float(re.search(r"at least (\d+\.\d)s to measure precision", note).group(1))
     assert fits == pytest.approx(4.0 + COMPARISON_STEPS, abs=1.5)

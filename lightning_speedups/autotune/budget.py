@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_speedups.autotune.trials import APPLIES, CANDIDATES, Choice, TrialContext
+from lightning_speedups.autotune.trials import APPLIES, BLOCKERS, CANDIDATES, Choice, TrialContext
 
 __all__ = ["SIZING_STEPS", "Skipped", "budget_note", "run_candidates", "size_step"]
 
@@ -49,6 +49,10 @@ def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], l
     skipped: list[Skipped] = []
     names = [n for n in names if n not in APPLIES or APPLIES[n](ctx)]  # nothing to try, nothing to say
     for i, name in enumerate(names):
+        why = BLOCKERS[name](ctx) if name in BLOCKERS else None
+        if why is not None:  # the real reason, whatever the budget left
+            ctx.notes.append(why)
+            continue
         left, need = ctx.budget_left(), ctx.price(name)
         if left < need:  # below the least it takes, a trial only spends time (a later, cheaper one may still fit)
             skipped.append(Skipped(name, left, need))

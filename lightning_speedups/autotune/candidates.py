@@ -70,11 +70,14 @@ def _precision(ctx: TrialContext, share: float) -> Choice | None:
     return _decide(ctx, "precision", options, share)
 
 
-def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
+def _channels_last_blocker(ctx: TrialContext) -> str | None:
     images = [t for t in flat_tensors(ctx.batch) if t.dim() == 4]
     if not images or not any(isinstance(m, nn.Conv2d) for m in ctx.model.modules()):
-        ctx.notes.append("channels_last not tried: no 4-D input or no Conv2d")
-        return None
+        return "channels_last not tried: no 4-D input or no Conv2d"
+    return None
+
+
+def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
     return _decide(ctx, "channels_last", {"channels_last": {"channels_last": True}}, share)
 
 
@@ -86,16 +89,19 @@ def _optimizer_share(ctx: TrialContext) -> float:
     return result.medians["alone"] / max(result.medians["full"], 1e-12)
 
 
-def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
+def _optimizer_blocker(ctx: TrialContext) -> str | None:
     from lightning_speedups.optim import SpeedupMixin
 
-    if not isinstance(ctx.model, SpeedupMixin):  # the plan sets SpeedupMixin's optimizer_config, never user code
-        ctx.notes.append(
-            f"fused/foreach optimizer not tried: `{type(ctx.model).__name__}.configure_optimizers` builds "
-            "its own optimizer, which the plan does not rewrite. HINT: pass fused=True (or foreach=True) "
-            "to the optimizer there, or use SpeedupMixin, whose `optimizer_config` the plan sets"
-        )
+    if isinstance(ctx.model, SpeedupMixin):  # the plan sets SpeedupMixin's optimizer_config, never user code
         return None
+    return (
+        f"fused/foreach optimizer not tried: `{type(ctx.model).__name__}.configure_optimizers` builds "
+        "its own optimizer, which the plan does not rewrite. HINT: pass fused=True (or foreach=True) "
+        "to the optimizer there, or use SpeedupMixin, whose `optimizer_config` the plan sets"
+    )
+
+
+def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
     # Amdahl first: a faster optimizer kernel saves at most the optimizer's share of a step. Where that share is too
     # small for the margin even at zero cost, the comparison, which would need many rounds to separate a gain that
     # small from the margin, is not run
@@ -129,11 +135,12 @@ def _batch_blocker(ctx: TrialContext) -> str | None:
     return None if problem is None else f"the training data is {problem}, which cannot be rebuilt at another batch size"
 
 
+def _batch_size_blocker(ctx: TrialContext) -> str | None:
+    why = _batch_blocker(ctx)  # a doubled batch that apply() could not set must not be kept (nor scale the lr)
+    return None if why is None else f"batch_size not tried: {why}"
+
+
 def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
-    why = _batch_blocker(ctx)
-    if why is not None:  # a doubled batch that apply() could not set must not be kept (nor scale the schedule's lr)
-        ctx.notes.append(f"batch_size not tried: {why}")
-        return None
     # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won.
     # x2 gets half the share (at least its price), x4 what is left of it (at least its price: its steps cost twice)
     scale, rounds, gain, interval, stopped = 1, 0, 1.0, (1.0, 1.0), ""
@@ -177,11 +184,12 @@ def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, 
     return note or "not faster"
 
 
-for _name, _trial, _steps in (
-    ("precision", _precision, COMPARISON_STEPS),
-    ("channels_last", _channels_last, COMPARISON_STEPS),
+for _name, _trial, _steps, _blocker in (
+    ("precision", _precision, COMPARISON_STEPS, None),
+    ("channels_last", _channels_last, COMPARISON_STEPS, _channels_last_blocker),
     # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round
-    ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS),
-    ("optimizer", _optimizer, COMPARISON_STEPS),  # the least: the check of the optimizer's share of a step
+    ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS, _batch_size_blocker),
+    # the least: the check of the optimizer's share of a step
+    ("optimizer", _optimizer, COMPARISON_STEPS, _optimizer_blocker),
 ):
-    register_candidate(_name, _trial, steps=_steps)
+    register_candidate(_name, _trial, steps=_steps, blocker=_blocker)

@@ -34,18 +34,20 @@ def device_twin(ctx: TrialContext) -> tuple[str, Any] | None:
     return None
 
 
-def _data(ctx: TrialContext, share: float) -> Choice | None:
-    if ctx.loader is None:
-        return None
+def _data_blocker(ctx: TrialContext) -> str | None:
     if ctx.plan.get("batching"):  # SequenceBatching rebuilds the host DataLoader: a device twin would hide it
-        ctx.notes.append(
+        return (
             f"data path not tried: the plan batches the data with SequenceBatching "
             f"({ctx.plan['batching']}), which rebuilds the host DataLoader"
         )
-        return None
+    if device_twin(ctx) is None:
+        return "data path not tried: the loader has per-sample transforms that no device twin reproduces"
+    return None
+
+
+def _data(ctx: TrialContext, share: float) -> Choice | None:
     twin = device_twin(ctx)
-    if twin is None:
-        ctx.notes.append("data path not tried: the loader has per-sample transforms that no device twin reproduces")
+    if twin is None:  # the blocker said why
         return None
     kind, replacement = twin
     step = ctx.step(ctx.plan)  # the step as the earlier trials left the plan: data's share of the final step
@@ -83,4 +85,6 @@ def _data(ctx: TrialContext, share: float) -> Choice | None:
     return Choice("data", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note, changed=keep)
 
 
-register_candidate("data", _data, before="batch_size")
+register_candidate(
+    "data", _data, before="batch_size", applies=lambda ctx: ctx.loader is not None, blocker=_data_blocker
+)

@@ -218,6 +218,9 @@ PRICES: dict[str, float | Callable[[TrialContext], float]] = {}
 # whether a candidate has anything to try for this model and data (absent: always); one that has not is skipped
 # silently, before its price is weighed against the budget
 APPLIES: dict[str, Callable[[TrialContext], bool]] = {}
+# why a candidate cannot be tried on this model, data or plan so far (``None``: it can): asked when the candidate
+# comes up, before its price is weighed, so the plan says the real reason and never blames the budget for it
+BLOCKERS: dict[str, Callable[[TrialContext], str | None]] = {}
 
 
 def register_candidate(
@@ -227,13 +230,15 @@ def register_candidate(
     steps: float | Callable[[TrialContext], float] = COMPARISON_STEPS,
     before: str | None = None,
     applies: Callable[[TrialContext], bool] | None = None,
+    blocker: Callable[[TrialContext], str | None] | None = None,
 ) -> None:
     """Add a candidate ``trial(ctx, budget_share) -> Choice | None`` (``None``: not applicable, with a note).
 
     ``steps``: the least one decision takes, in steps of the current plan (or ``steps(ctx)``); autotune tries the
     candidate only when that much of the budget is left. ``before``: the name of a registered candidate to measure
     it before (default: last). ``applies(ctx)``: ``False`` when there is nothing to try for this data, and nothing
-    to say either (token batching for image data)."""
+    to say either (token batching for image data). ``blocker(ctx)``: why the candidate cannot be tried here (the
+    note the plan shows, e.g. ``"channels_last not tried: no Conv2d"``), or ``None``."""
     items = [(k, v) for k, v in CANDIDATES.items() if k != name]
     at = next((i for i, (k, _v) in enumerate(items) if k == before), len(items))
     items.insert(at, (name, trial))
@@ -242,3 +247,5 @@ def register_candidate(
     PRICES[name] = steps
     if applies is not None:
         APPLIES[name] = applies
+    if blocker is not None:
+        BLOCKERS[name] = blocker

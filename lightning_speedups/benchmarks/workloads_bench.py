@@ -30,7 +30,6 @@ is part of the result), so the full suite (7 tasks x 3 seeds x the 3 methods tha
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -46,7 +45,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
 from lightning_speedups.autotune import autotune
-from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.benchmarks._common import BenchRow, read_rows, write_rows
 from lightning_speedups.benchmarks._workloads_table import format_summary, summarize
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
 from lightning_speedups.benchmarks.workloads._registry import Workload
@@ -194,23 +193,8 @@ def _echo(r: dict[str, Any]) -> None:
           f"{quality} at the end, {r['steps']} steps", flush=True)  # fmt: skip
 
 
-def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """The whole list, written to a temporary file and moved over ``path`` (never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 def _read_rows(path: Path, small: bool) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = json.loads(path.read_text())
-    if not isinstance(rows, list) or any(
-        not isinstance(r, dict) or not {"task", "method", "seed"} <= set(r) for r in rows
-    ):
-        raise SpeedupConfigError(f"`json_path`={str(path)!r} does not hold a list of workload rows. Allowed values: "
-                                 "a new path or a file this suite wrote.")  # fmt: skip
+    rows = read_rows(path, ("task", "method", "seed"))
     if any(str(r.get("notes", "")).startswith(SMALL_NOTE) != small for r in rows):
         raise SpeedupConfigError(
             f"`json_path`={str(path)!r} holds {'full' if small else 'small (quick)'} rows; `quick`={small} would mix "
@@ -285,7 +269,7 @@ def run_suite(
                                             trainer_overrides=prep.overrides, small=quick)  # fmt: skip
                     rows.append(_row(w, method, seed, result, prep, machine, quick))
                     if path is not None:
-                        _write_rows(path, rows)
+                        write_rows(path, rows)
                     if echo:
                         _echo(rows[-1])
     finally:

@@ -126,7 +126,7 @@ def test_workloads_bench_misconfiguration(fake: _FakeTrainer, tmp_path) -> None:
         wb.run_suite(["tiny"], seeds=(-1,), echo=False)
     bad = tmp_path / "bad.json"
     bad.write_text('{"rows": []}')
-    with pytest.raises(SpeedupConfigError, match=r"does not hold a list of workload rows"):
+    with pytest.raises(SpeedupConfigError, match=r"does not hold a list of rows"):
         wb.run_suite(["tiny"], json_path=bad, echo=False)
     full = tmp_path / "full.json"
     wb.run_suite(["tiny"], methods=("baseline",), seeds=(0,), json_path=full, echo=False)

@@ -7,7 +7,6 @@ costing ``step_time(b) * (1 +- jitter)``, times 3 one step in ``outlier_every``.
 
 from __future__ import annotations
 
-import random
 import warnings
 
 import pytest
@@ -16,10 +15,10 @@ from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.functional.batch_size import (
     BatchSizeSearchConfig,
     BatchSizeSearchResult,
-    BatchSizeTrial,
     batch_size_ladder,
     search_batch_size,
 )
+from tests.helpers import simulated_trials
 
 CURVES = {
     # fixed cost per step + per sample, and a CPU-cache penalty that makes very large batches slower again
@@ -32,21 +31,8 @@ LADDER = batch_size_ladder(16, 2048)
 
 
 def simulated(seed: int, curve: str, jitter: float, outlier_every: int, cfg: BatchSizeSearchConfig):
-    """A seeded ``measure(b)`` and its clock."""
-    rng, now, step_time = random.Random(seed), [0.0], CURVES[curve]
-
-    def measure(b: int) -> BatchSizeTrial:
-        start, times, seen = now[0], [], 0
-        while not times or not (len(times) >= cfg.steps_per_trial or seen >= (cfg.trial_samples or 10**12)
-                                or sum(times) >= (cfg.trial_time or float("inf"))):
-            dt = step_time(b) * (1.0 + rng.uniform(-jitter, jitter))
-            dt *= 3.0 if rng.random() < 1.0 / outlier_every else 1.0
-            now[0] += dt
-            times.append(dt)
-            seen += b
-        return BatchSizeTrial(b, max(b / t for t in times), 0, "ok", times, now[0] - start)
-
-    return measure, lambda: now[0]
+    """A seeded ``measure(b)`` on ``curve`` and its clock."""
+    return simulated_trials(seed, CURVES[curve], jitter, outlier_every, cfg)
 
 
 def noise_free_rate(curve: str, b: int) -> float:
