@@ -90,7 +90,12 @@ class TorchCompile(Callback):
         """How many calls went through the compiled modules so far (0 means nothing was compiled)."""
         return sum(c.calls for c in self._calls)
 
-    def _targets(self, pl_module: L.LightningModule) -> list[str]:
+    def targets(self, pl_module: L.LightningModule) -> list[str]:
+        """The attribute names it compiles on ``pl_module`` (``[""]``: the whole module, through its ``forward``).
+
+        Raises:
+            SpeedupConfigError: no ``forward`` and no child module with parameters, and no ``compile_attr``.
+        """
         if self.compile_attr is not None:
             return self.compile_attr
         if type(pl_module).forward is not L.LightningModule.forward:
@@ -122,7 +127,7 @@ class TorchCompile(Callback):
                 "steps; TorchCompile leaves it as it is. HINT: pass the plain model and let TorchCompile compile it."
             )
             return
-        self.summary = compile_model(pl_module, attrs=self._targets(pl_module), config=self.config)
+        self.summary = compile_model(pl_module, attrs=self.targets(pl_module), config=self.config)
         calls = compiled_modules(pl_module)
         self._calls = [c for c in calls.values() if isinstance(c, _CompiledCall)]
         names = ", ".join(repr(n) if n else f"{type(pl_module).__name__}.forward" for n in self.summary.compiled)

@@ -344,3 +344,62 @@ def test_advisor_counts_padding_of_token_batches():
 def test_advisor_pad_value_misconfiguration():
     with pytest.raises(SpeedupConfigError, match="`pad_value`='0' is out of range. Allowed values: an integer or None"):
         SpeedAdvisor(pad_value="0")  # type: ignore[arg-type]
+
+
+def test_advisor_probe_compile_misconfiguration():
+    with pytest.raises(SpeedupConfigError, match="`probe_compile`='yes' is not supported. Allowed values: True, False"):
+        SpeedAdvisor(probe_compile="yes")  # type: ignore[arg-type]
+
+
+def _compile_fit(monkeypatch, probe: Any, per_step: float = 0.5, steps: int = 3, **kw: Any):
+    """A compute-bound fit on the fake clock (``per_step`` s per step), with the compile probe replaced by ``probe``."""
+    from lightning_speedups.functional.advisor import probes
+
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(advisor_mod, "_now", clock)
+
+    def fake(module, batch, loss=None, attrs=None, autocast_dtype=None, **_: Any):
+        calls.append((loss(module, batch) if loss else None, attrs))  # the copy-free check that the loss works
+        return probe
+
+    monkeypatch.setattr(probes, "compile_speedup", fake)
+    for name in ("channels_last_speedup", "bf16_autocast_speedup"):
+        monkeypatch.setattr(advisor_mod.F, name, lambda module, x, repeats=3: None)
+    monkeypatch.setattr(advisor_mod.F, "fewer_threads_speedup", lambda module, x, threads=None: None)
+    advisor = SpeedAdvisor(warmup_steps=1, window_steps=2, verbose=False, **kw)
+    _fit(advisor, ClockedModel(clock, per_step=per_step), ClockedData(clock, 0.0), steps=steps)
+    return advisor, calls
+
+
+def test_advisor_compile_probe_in_fit(monkeypatch):
+    from lightning_speedups.functional.advisor.probes import CompileProbe
+
+    # 0.5 s steps, compiled 2x faster after a 0.2 s compile: pays back after the first step of the 3 planned
+    advisor, calls = _compile_fit(monkeypatch, CompileProbe(compile_s=0.2, speedup=2.0, eager_step_s=0.5))
+    assert len(calls) == 1 and isinstance(calls[0][0], torch.Tensor) and calls[0][1] == [""]  # TorchCompile's choice
+    report = advisor.report
+    assert report.summary["planned_steps"] == 3 and report.summary["compile_payback_steps"] == pytest.approx(0.8)
+    f = next(f for f in report.findings if f.key == "not_compiled")
+    assert f.measured and "pays back after 1 step (of the 3 planned)" in f.title
+    assert f.score == pytest.approx((3 * 0.25 - 0.2) / (3 * 0.5))
+    # a compile that is not paid back in the planned run: no finding, and a note that says why
+    advisor, _ = _compile_fit(monkeypatch, CompileProbe(compile_s=100.0, speedup=2.0, eager_step_s=0.5))
+    assert "not_compiled" not in [f.key for f in advisor.report.findings]
+    assert any("pays back after 400 steps, more than the 3 planned" in n for n in advisor.report.notes)
+    # a failed probe is recorded, never raised: the finding says the cost was not measured, and why
+    advisor, _ = _compile_fit(monkeypatch, CompileProbe(error="BackendCompilerFailed: no compiler"))
+    f = next(f for f in advisor.report.findings if f.key == "not_compiled")
+    assert not f.measured and f.evidence["compile_probe"] == "probe failed: BackendCompilerFailed: no compiler"
+
+
+def test_advisor_compile_probe_only_when_it_can_fire(monkeypatch):
+    from lightning_speedups.functional.advisor.probes import CompileProbe
+
+    probe = CompileProbe(compile_s=0.2, speedup=2.0, eager_step_s=0.5)
+    # switched off: not timed, and the finding says how to measure it
+    advisor, calls = _compile_fit(monkeypatch, probe, probe_compile=False)
+    f = next(f for f in advisor.report.findings if f.key == "not_compiled")
+    assert calls == [] and not f.measured and "probe_compile=True" in f.fix
+    # a planned run too short to pay back any compile: neither probe nor finding
+    advisor, calls = _compile_fit(monkeypatch, probe, per_step=0.01)
+    assert calls == [] and "not_compiled" not in [f.key for f in advisor.report.findings]

@@ -13,21 +13,25 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_speedups import settings
-from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError, check_int
+from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError, check_bool, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._tokens import TokenCounter
 from lightning_speedups.callbacks.advisor.facts import (
     checksum,
+    compile_note,
     fill_device_facts,
     fill_loader_facts,
     first_float_tensor,
+    measure_compile,
     measure_effects,
     memory_format_ok,
     optimizer_measurements,
+    planned_steps,
     process_rss,
 )
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThresholds, Measurements
+from lightning_speedups.functional.compile import is_compiled
 
 if TYPE_CHECKING:
     from torch.utils.flop_counter import FlopCounterMode
@@ -65,6 +69,11 @@ class SpeedAdvisor(Callback):
         thresholds: :class:`AdvisorThresholds` or a dict of its fields.
         verbose: print the text report via ``rank_zero_info``.
         pad_value: the padding token id, for token batches without an attention mask (``None``: not used).
+        probe_compile: with ``measure_effects``, time ``torch.compile`` on a copy of the model (one compile, then a
+            few interleaved eager / compiled steps), only when the model is compute-bound, eager, and the planned run
+            is long enough to pay a compile back at all. The ``not_compiled`` finding then says after how many steps
+            compiling pays back, and is left out where it does not pay back within the planned run. The compile
+            itself takes seconds to tens of seconds on a CPU: ``False`` for a short diagnostic run.
 
     Example::
 
@@ -86,8 +95,12 @@ class SpeedAdvisor(Callback):
         thresholds: AdvisorThresholds | dict[str, Any] | None = None,
         verbose: bool = True,
         pad_value: int | None = None,
+        probe_compile: bool = True,
     ) -> None:
         check_int("warmup_steps", warmup_steps, 1)
+        self.probe_compile = check_bool(
+            "probe_compile", probe_compile, hint="False skips the compile probe (it costs one torch.compile)."
+        )
         self.pad_value = check_int("pad_value", pad_value, optional=True)
         self._counter = TokenCounter(pad_value)
         check_int("window_steps", window_steps, 1)
@@ -122,6 +135,7 @@ class SpeedAdvisor(Callback):
         self._got_grad: set[str] = set()
         self._rss_peak = 0
         self._example: torch.Tensor | None = None
+        self._batch: Any = None
         self._cuda = False
 
     @override
@@ -179,6 +193,7 @@ class SpeedAdvisor(Callback):
         self._t_start = t
         self._t_backward = self._t_opt = None
         self._example = first_float_tensor(batch)
+        self._batch = batch
 
     @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -293,7 +308,10 @@ class SpeedAdvisor(Callback):
         m.device_type = pl_module.device.type
         m.precision = str(trainer.precision)
         m.callbacks = [type(c).__name__ for c in trainer.callbacks]
-        m.compiled = any(type(x).__name__ == "OptimizedModule" for x in pl_module.modules())
+        m.compiled = is_compiled(pl_module) or any(  # compiled in place, or a submodule wrapped by torch.compile
+            type(x).__name__ == "OptimizedModule" for x in pl_module.modules()
+        )
+        m.planned_steps = planned_steps(trainer)
         m.has_conv, m.conv_channels_last = memory_format_ok(pl_module)
         fill_device_facts(m, pl_module.device, self._cuda, self._rss_peak, notes)
         fill_loader_facts(m, trainer.train_dataloader)
@@ -306,6 +324,10 @@ class SpeedAdvisor(Callback):
             m.never_grad = sorted(set(trainable) - self._got_grad)
         if self.measure_effects:
             measure_effects(m, pl_module, trainer.optimizers, self._example)
+        if self.measure_effects and self.probe_compile:
+            measure_compile(m, pl_module, self._batch)
+        else:
+            m.compile_note = "probe off (`measure_effects` or `probe_compile` is False)"
         if m.device_type == "cpu" and ("bf16" in m.precision or m.precision.startswith("16")) and not m.bf16_speedup:
             m.cpu_bf16_fast = settings.cpu_bf16_is_fast()  # library-wide cached probe: the model copy was not timed
         return m
@@ -316,10 +338,11 @@ class SpeedAdvisor(Callback):
         notes = [note] if note else []
         m = self._collect(trainer, pl_module, notes)
         findings = F.diagnose(m, self.thresholds)
+        notes += [n for n in [compile_note(m, findings)] if n]
         self.report = AdvisorReport(summary=m.summary(), findings=findings, notes=notes)
         if self.apply:
             self.report.applied = self._apply(pl_module, m)
-        self._example = None
+        self._example = self._batch = None
         if self.verbose:
             rank_zero_info(self.report.to_text())
         metrics = {f"advisor/{k}": float(v) for k, v in m.summary().items() if isinstance(v, (int, float))}

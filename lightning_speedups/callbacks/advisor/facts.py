@@ -7,26 +7,35 @@ Each ``fill_*`` / ``measure_effects`` writes into the window's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import lightning as L
 import torch
 from torch import nn
 
+from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._peak import device_peak_flops
+from lightning_speedups.callbacks.compile import TorchCompile
 from lightning_speedups.functional import advisor as F
-from lightning_speedups.functional.advisor import Measurements, OptimizerMeasurement
+from lightning_speedups.functional.advisor import Finding, Measurements, OptimizerMeasurement, probes
+from lightning_speedups.functional.advisor.rules import compile_may_pay_back
 from lightning_speedups.measure import cpu_model
 
 __all__ = [
     "checksum",
+    "compile_note",
     "fill_device_facts",
     "fill_loader_facts",
     "fill_peak_flops",
     "first_float_tensor",
+    "measure_compile",
     "measure_effects",
     "memory_format_ok",
     "optimizer_measurements",
+    "planned_steps",
     "process_rss",
     "train_dtype",
 ]
@@ -143,13 +152,88 @@ def optimizer_measurements(optimizers: Iterable[torch.optim.Optimizer]) -> list[
     ]
 
 
+def _small(module: nn.Module) -> bool:
+    """Model copies only while they are cheap: at most ~100M parameters."""
+    return sum(p.numel() for p in module.parameters()) <= 100_000_000
+
+
+def planned_steps(trainer: L.Trainer) -> int | None:
+    """Training batches the run plans (``max_steps``, else ``max_epochs`` x batches per epoch, times gradient
+    accumulation); ``None`` when unbounded or unknown (an iterable loader without ``max_steps``)."""
+    try:
+        n = float(trainer.estimated_stepping_batches)
+        accumulate = max(1, int(trainer.accumulate_grad_batches))
+    except Exception:  # noqa: BLE001 - e.g. accumulation that changes between epochs
+        return None
+    return int(n) * accumulate if math.isfinite(n) and n > 0 else None
+
+
+def _training_step_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The loss of ``model.training_step(batch, 0)`` on a copy (no Trainer there: ``self.log`` only warns)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.training_step(batch, 0)
+    out = out["loss"] if isinstance(out, Mapping) else out
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"training_step returned {type(out).__name__}, not a loss tensor")
+    return out
+
+
+def _compile_skip_reason(module: nn.Module, batch: Any) -> str:
+    if batch is None:
+        return "no training batch kept to time"
+    if not _small(module):
+        return "model over 100M parameters: not copied to measure"
+    if isinstance(module, L.LightningModule) and not module.automatic_optimization:
+        return "manual optimization: its training_step cannot run outside the Trainer"
+    return ""
+
+
+def measure_compile(m: Measurements, module: nn.Module, batch: Any) -> None:
+    """Time the compile and a compiled vs eager training step on copies (what ``TorchCompile()`` would compile),
+    only when ``not_compiled`` could fire; fills ``m.compile_*``, or ``m.compile_note`` with why not."""
+    if not compile_may_pay_back(m):
+        return
+    m.compile_note = _compile_skip_reason(module, batch)
+    if m.compile_note:
+        return
+    lightning = isinstance(module, L.LightningModule)
+    try:  # the modules `TorchCompile()` itself would compile
+        attrs = TorchCompile().targets(module) if lightning else None
+    except SpeedupConfigError:
+        m.compile_note = "TorchCompile finds no module to compile here (pass it `compile_attr`)"
+        return
+    except Exception as err:  # noqa: BLE001 - the probe must never break the user's fit
+        m.compile_note = f"probe failed: {type(err).__name__}: {err}"[:300]
+        return
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(m.precision)  # the run's autocast
+    probe = probes.compile_speedup(
+        module, batch, loss=_training_step_loss if lightning else None, attrs=attrs, autocast_dtype=dtype
+    )
+    m.compile_s, m.compile_speedup, m.compile_eager_s = probe.compile_s, probe.speedup, probe.eager_step_s
+    m.compile_note = f"probe failed: {probe.error}" if probe.error else ""
+
+
+def compile_note(m: Measurements, findings: Iterable[Finding]) -> str | None:
+    """Why a measured compile is not among the findings (not faster, or not paid back in the planned run)."""
+    payback, s = m.compile_payback_steps, m.compile_speedup
+    if payback is None or s is None or any(f.key == "not_compiled" for f in findings):
+        return None
+    head = f"torch.compile measured on a copy: {m.compile_s:.1f} s to compile, compiled step {float(s):.2f}x"
+    if not math.isfinite(payback):
+        return f"{head}, not faster: compiling would only add its compile time, so it is not suggested"
+    return (
+        f"{head}; it pays back after {math.ceil(payback)} steps, more than the {m.planned_steps} planned, so it "
+        "is not suggested (it would slow this run down)"
+    )
+
+
 def measure_effects(
     m: Measurements, module: nn.Module, optimizers: Iterable[torch.optim.Optimizer], example: torch.Tensor | None
 ) -> None:
     """Time bf16 (CPU), channels_last and fused optimizer steps on copies, so findings carry a measured effect."""
     x = example
-    # model copies only while they are cheap: at most ~100M parameters
-    small = sum(p.numel() for p in module.parameters()) <= 100_000_000
+    small = _small(module)
     if m.device_type == "cpu":
         if x is not None and small:
             m.bf16_speedup = F.bf16_autocast_speedup(module, x)

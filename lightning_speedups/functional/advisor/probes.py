@@ -5,23 +5,34 @@ so the real model, its grads and its optimizer stay untouched: bf16 autocast vs 
 optimizer step, fewer CPU threads. They work on plain modules and tensors, are timed interleaved through
 :func:`lightning_speedups.measure.measured_ratio` until the interval clears the finding's threshold or a budget
 runs out, and return a :class:`~lightning_speedups.measure.MeasuredRatio` (conservative within noise, with its
-evidence), or ``None`` when the probe does not apply or fails.
+evidence), or ``None`` when the probe does not apply or fails. :func:`compile_speedup` also times the compile itself
+and returns a :class:`CompileProbe` (with the reason when it could not measure).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from lightning_speedups.measure import MeasuredRatio, measured_ratio, model_copy, torch_threads
+from lightning_speedups.functional.compile import compile_model, compiled_modules
+from lightning_speedups.measure import MeasuredRatio, make_train_step, measured_ratio, model_copy, torch_threads
 
-__all__ = ["bf16_autocast_speedup", "channels_last_speedup", "fewer_threads_speedup", "fused_optimizer_speedup"]
+__all__ = [
+    "CompileProbe",
+    "bf16_autocast_speedup",
+    "channels_last_speedup",
+    "compile_speedup",
+    "fewer_threads_speedup",
+    "fused_optimizer_speedup",
+]
 
 _Context = Callable[[], AbstractContextManager[Any]]  # a fresh context per round (autocast, thread count)
 _Candidate = Callable[[nn.Module, torch.Tensor], tuple[nn.Module, torch.Tensor, _Context]]
@@ -188,3 +199,76 @@ def fewer_threads_speedup(
         return model, x, functools.partial(torch_threads, fewer)
 
     return _copy_ratio(module, example, cand, repeats, min_gain=min_gain, budget_s=budget_s, backward_in_context=True)
+
+
+@dataclass
+class CompileProbe:
+    """What :func:`compile_speedup` measured: the compile's seconds and the eager / compiled step-time ratio.
+
+    ``compile_s`` and ``speedup`` are ``None`` when the probe could not measure; ``error`` then says why.
+    ``eager_step_s`` is the median eager step of the copy (seconds), what the ratio saves a share of.
+    """
+
+    compile_s: float | None = None
+    speedup: float | None = None
+    eager_step_s: float | None = None
+    error: str = ""
+
+
+def _sum_loss(model: nn.Module, x: Any) -> torch.Tensor:
+    out = model(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return out.float().sum()
+
+
+def compile_speedup(
+    module: nn.Module,
+    batch: Any,
+    loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    attrs: str | Sequence[str] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    repeats: int = 3,
+    budget_s: float = 2.0,
+) -> CompileProbe:
+    """Compile time and eager / compiled training-step time of copies of ``module`` (ratio > 1: compiled faster).
+
+    One copy stays eager, the other is compiled in place (``attrs`` as in
+    :func:`~lightning_speedups.functional.compile.compile_model`, default inductor). The compile is timed once, as
+    the first compiled step (forward and backward graphs); then both steps run interleaved for at least ``repeats``
+    rounds, more until the ratio's interval clears 1 or ``budget_s`` runs out (stretched to fit ``repeats`` rounds
+    of a slow step), so the probe costs one compile plus a few steps. Each step is
+    :func:`~lightning_speedups.measure.make_train_step` with ``loss(model, batch)`` (default: the sum of
+    ``model(batch)``) and SGD, under autocast to ``autocast_dtype`` when given. The real model, its grads and its
+    optimizer stay untouched. Never raises: a failing copy, compile or step, or too few rounds to trust, returns a
+    :class:`CompileProbe` whose ``error`` says what happened.
+
+    Example::
+
+        >>> probe = compile_speedup(nn.Linear(4, 4), torch.randn(8, 4))  # doctest: +SKIP
+        >>> probe.compile_s > 0 and probe.speedup > 0  # doctest: +SKIP
+        True
+    """
+    try:
+        eager_model, compiled_model = model_copy(module, train=True), model_copy(module, train=True)
+        compile_model(compiled_model, attrs=attrs)
+        steps = [
+            make_train_step(m, batch, loss=loss or _sum_loss, autocast_dtype=autocast_dtype, return_loss=False)
+            for m in (eager_model, compiled_model)
+        ]
+        t0 = time.perf_counter()
+        steps[0]()  # the eager copy's first-call costs (lazy init, allocator) stay out of the comparison
+        t1 = time.perf_counter()
+        steps[1]()  # the compile happens here: forward graph, then the backward graph inside backward()
+        compile_s = time.perf_counter() - t1
+        if not any(getattr(c, "calls", 1) for c in compiled_modules(compiled_model).values()):
+            return CompileProbe(error="the step never called the compiled module(s): nothing was compiled")
+        # room for the warm-up and `repeats` rounds of both steps, however slow a step is
+        budget = max(budget_s, 2.5 * (repeats + 1) * (t1 - t0))
+        ratio = measured_ratio(steps[0], steps[1], budget_s=budget, min_rounds=repeats)
+    except Exception as err:  # noqa: BLE001 - a failing compile must never break the user's fit
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        return CompileProbe(error=f"{type(err).__name__}: {first}" if first else type(err).__name__)
+    cmp = ratio.comparison
+    if cmp is None or not cmp.trusted:
+        return CompileProbe(compile_s, error=f"compiled in {compile_s:.1f} s, but too few steps fit in the time budget")
+    return CompileProbe(compile_s, ratio, cmp.medians["base"])

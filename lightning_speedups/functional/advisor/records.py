@@ -7,6 +7,7 @@ from here, re-exported by :mod:`lightning_speedups.functional.advisor`.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -80,7 +81,10 @@ class Measurements:
     the batch, moving it to the device, loop overhead). Optional numbers are ``None`` when unknown. ``peak_flops``
     is a datasheet peak on GPUs and an estimate on CPUs (``peak_flops_estimated``); ``peak_flops_source`` says where
     it comes from, or why it is unknown. ``tokens`` / ``padded_tokens`` sum the real and all token positions of the
-    timed batches (both 0 when the batches hold no token sequences).
+    timed batches (both 0 when the batches hold no token sequences). ``planned_steps`` is the run's planned training
+    batches (``None`` when unbounded or unknown); ``compile_s`` / ``compile_speedup`` / ``compile_eager_s`` are the
+    compile probe's compile seconds, eager / compiled step-time ratio and eager step on the copy (``None`` when not
+    measured, and ``compile_note`` says why).
     """
 
     device_type: str = "cpu"
@@ -120,6 +124,11 @@ class Measurements:
     callbacks: list[str] = field(default_factory=list)
     tokens: int = 0
     padded_tokens: int = 0
+    planned_steps: int | None = None
+    compile_s: float | None = None
+    compile_speedup: float | None = None
+    compile_eager_s: float | None = None
+    compile_note: str = ""
 
     # ---- derived numbers -------------------------------------------------------------------------------------
     @staticmethod
@@ -191,6 +200,36 @@ class Measurements:
                 return max(0.0, 1.0 - self.peak_memory_bytes / self.memory_total_bytes)
         return None
 
+    @property
+    def compile_saving_s(self) -> float | None:
+        """Seconds a compiled step saves over an eager one (negative: slower); ``None`` when compile was not measured.
+
+        The probe's eager step (or, without one, the run's mean compute) times ``1 - 1 / compile_speedup``."""
+        s, eager = self.compile_speedup, self.compile_eager_s or self.compute_s
+        if s is None or self.compile_s is None or not eager or s <= 0:
+            return None
+        return eager * (1.0 - 1.0 / s)
+
+    @property
+    def compile_payback_steps(self) -> float | None:
+        """Steps after which the compile time is paid back: ``compile_s / saving per step``.
+
+        ``math.inf`` when the compiled step is not faster; ``None`` when compile was not measured."""
+        saving = self.compile_saving_s
+        if saving is None or self.compile_s is None:
+            return None
+        return math.inf if saving <= 0 else self.compile_s / saving
+
+    @property
+    def compile_net_share(self) -> float | None:
+        """Share of the planned run's compute that compiling saves, net of the compile: ``(planned x eager - compile_s
+        - planned x compiled) / (planned x eager)`` with the run's mean compute as the eager step (negative: the run
+        gets slower); ``None`` when compile was not measured or the run length is unknown."""
+        saving, n, c = self.compile_saving_s, self.planned_steps, self.compute_s
+        if saving is None or self.compile_s is None or not n or not c:
+            return None
+        return min(1.0, (n * saving - self.compile_s) / (n * c))
+
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a flat dict (used by the report and the loggers)."""
         return {
@@ -215,7 +254,16 @@ class Measurements:
             "memory_headroom": self.memory_headroom,
             "memory_kind": self.memory_kind,
             "pad_fraction": self.pad_fraction,
+            "planned_steps": self.planned_steps,
+            "compile_s": self.compile_s,
+            "compile_speedup": None if self.compile_speedup is None else float(self.compile_speedup),
+            "compile_payback_steps": _finite(self.compile_payback_steps),
         }
+
+
+def _finite(x: float | None) -> float | None:
+    """``x``, or ``None`` for an infinite number (JSON has none)."""
+    return x if x is None or math.isfinite(x) else None
 
 
 @dataclass(kw_only=True)

@@ -10,6 +10,7 @@ The scores and evidence are shaped by :mod:`~lightning_speedups.functional.advis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from lightning_speedups.functional.advisor.records import AdvisorThresholds, Finding, Measurements
@@ -21,7 +22,7 @@ from lightning_speedups.functional.advisor.scoring import (
     to_ms,
 )
 
-__all__ = ["RULES", "Rule", "advisor_rule"]
+__all__ = ["MIN_COMPILE_S", "RULES", "Rule", "advisor_rule", "compile_may_pay_back"]
 
 Rule = Callable[[Measurements, AdvisorThresholds], Finding | list[Finding] | None]
 
@@ -380,21 +381,84 @@ def memory_pressure(m: Measurements, th: AdvisorThresholds) -> Finding | None:
     )
 
 
+#: A lower bound on what compiling a training step (forward and backward graphs) costs on any device, in seconds:
+#: a planned run whose whole eager compute is shorter cannot pay a compile back, whatever the compiled step saves.
+MIN_COMPILE_S = 1.0
+
+
+def compile_may_pay_back(m: Measurements) -> bool:
+    """Whether ``not_compiled`` can fire: a compute-bound eager model whose planned run (when known) computes for at
+    least :data:`MIN_COMPILE_S` in all. ``SpeedAdvisor`` runs its compile probe only then."""
+    compute_s, planned = m.compute_s, m.planned_steps
+    if m.compiled or _has_callback(m, "TorchCompile") or not compute_s or m.compute_share < 0.5:
+        return False
+    return planned is None or planned * compute_s >= MIN_COMPILE_S
+
+
+def _compile_evidence(m: Measurements, payback: float | None) -> dict:
+    s = m.compile_speedup
+    return {
+        "compute_share": rounded(m.compute_share),
+        "compile_s": rounded(m.compile_s, 2),
+        "compiled_step_speedup": rounded(s, 3),
+        "payback_steps": None if payback is None else math.ceil(payback),
+        "planned_steps": m.planned_steps,
+        "compile_probe": m.compile_note or None,
+        **measurement_evidence(s),
+    }
+
+
 @advisor_rule
 def not_compiled(m: Measurements, th: AdvisorThresholds) -> Finding | None:
-    """A compute-bound model running eagerly."""
-    compute_share = m.compute_share
-    if m.compiled or _has_callback(m, "TorchCompile") or not m.compute_times or compute_share < 0.5:
+    """A compute-bound model running eagerly, where the measured compile pays back within the planned run.
+
+    Measured (``compile_s`` / ``compile_speedup``): no finding when the compiled step is not faster or the compile
+    is not paid back within ``planned_steps``; else the score is the run's net saving (compile included) as a share of
+    the step. Run length unknown: the asymptotic saving, and the finding says after how many steps it pays back. Not
+    measured: a low score, below measured findings, and how to measure it."""
+    if not compile_may_pay_back(m):
         return None
-    score = compute_share * (0.1 if m.device_type == "cuda" else 0.03)
+    payback, s = m.compile_payback_steps, m.compile_speedup
+    if payback is None or s is None:
+        return _compile_not_measured(m)
+    planned = m.planned_steps
+    if not math.isfinite(payback) or (planned is not None and payback > planned):
+        return None  # compiling would slow this run down: applying the top finding must never do that
+    steps = math.ceil(payback)
+    after = f"pays back after {steps} step{'' if steps == 1 else 's'}"
+    if planned is not None:
+        score = m.compute_share * max(0.0, m.compile_net_share or 0.0)
+        when = f"{after} (of the {planned} planned)"
+        net = f", a net {score:.0%} of the run's time saved"
+    else:
+        score = m.compute_share * (1.0 - 1.0 / s)
+        when = f"{after}; the run length is unknown"
+        net = ": worth it only for a run longer than that (no `max_steps`, or `max_epochs` x batches unknown)"
     return Finding(
         key="not_compiled",
-        title="Model runs eagerly (not compiled)",
+        title=f"Model runs eagerly: compiling {when}",
         severity=severity_for(score),
         score=score,
-        evidence={"compute_share": rounded(compute_share)},
-        fix="`TorchCompile()` callback (compile time is paid once at the start).",
-        expected="often 1.1-1.5x on GPUs, less on CPUs (rule of thumb; measure with `lightning-speedups bench`)",
+        evidence=_compile_evidence(m, payback),
+        fix="`TorchCompile()` callback (compile time is paid once at the start; validation compiles its own graph).",
+        expected=f"{s:.2f}x faster training step measured on a compiled copy of the model after a {m.compile_s:.1f} s "
+        f"compile, which {when}{net}" + ratio_note(s),
+        measured=True,
+    )
+
+
+def _compile_not_measured(m: Measurements) -> Finding:
+    score = m.compute_share * 0.01  # unknown effect: ranks below any measured finding of a useful size
+    return Finding(
+        key="not_compiled",
+        title="Model runs eagerly (not compiled); the compile cost was not measured",
+        severity=severity_for(score),
+        score=score,
+        evidence=_compile_evidence(m, None),
+        fix="Measure first: `SpeedAdvisor(measure_effects=True, probe_compile=True)` times the compile and a compiled "
+        "step on a copy of the model and says after how many steps compiling pays back; apply `TorchCompile()` only "
+        "when that is within the planned run.",
+        expected="unknown: the compile is paid once at the start and a short run may never pay it back (not measured)",
     )
 
 
