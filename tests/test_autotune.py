@@ -72,19 +72,19 @@ def _fake_tune(monkeypatch, machine: FakeMachine, candidates: list[str], **kwarg
 
 
 def test_autotune_keeps_only_measured_gains(monkeypatch):
-    machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.5, "x4": 0.5, "fused": 0.85})
+    machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.4, "x4": 0.4, "fused": 0.85})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last", "batch_size", "optimizer"],
                       budget_s=2000.0, max_epochs=1)  # fmt: skip
     chosen = {c.name: c.chosen for c in plan.choices}
     assert chosen == {"precision": "bf16-mixed", "channels_last": False, "batch_size": 2, "optimizer": "fused"}
     assert plan.trainer_kwargs == {"max_epochs": 1, "precision": "bf16-mixed"} and plan.callbacks == []
     gains = {c.name: c.gain for c in plan.choices}
-    assert gains["precision"] == pytest.approx(2.0, rel=0.15) and gains["batch_size"] == pytest.approx(2.0, rel=0.15)
+    assert gains["precision"] == pytest.approx(2.0, rel=0.15) and gains["batch_size"] == pytest.approx(2.5, rel=0.15)
     notes = {c.name: c.note for c in plan.choices}
     assert notes["batch_size"].startswith("batch x2: ") and "(x4 vs x2: " in notes["batch_size"]  # why not x4
     # x4 is no faster per sample than x2 (the fake cost): within the +-10% jitter of 1.00x after the 3 rounds that
     # settle it (the number moved from exactly 1.00x when every comparison ran at least 5 rounds)
-    assert re.search(r"x4 vs x2: (0\.9\d|1\.0\d)x the samples/s, below the 1\.58x needed", notes["batch_size"])
+    assert re.search(r"x4 vs x2: (0\.9\d|1\.0\d)x the samples/s, below the 2\.10x needed", notes["batch_size"])
     note = notes["channels_last"]  # 1% faster: below the 5% margin
     assert "within noise" in note or "no option beat the plan" in note
     model = DemoClassifier(width=4)
@@ -92,18 +92,18 @@ def test_autotune_keeps_only_measured_gains(monkeypatch):
     assert model.optimizer_config.implementation == "fused" and any("batch x2 not applied" in n for n in plan.notes)
 
 
-@pytest.mark.parametrize(("x2", "kept"), [(0.75, 1), (0.6, 2)])
+@pytest.mark.parametrize(("x2", "kept"), [(0.75, 1), (0.6, 1), (0.4, 2)])
 def test_a_larger_batch_must_pay_for_its_extra_epochs(monkeypatch, x2, kept):
-    # 1.33x the samples/s is a clear gain beyond noise, but below the 1.5x more samples a doubled batch needed on the
-    # bench tasks (x the 5% margin): kept at x1; 1.67x clears it
+    # 1.33x and 1.67x the samples/s are clear gains beyond noise, but below the 2x more samples a doubled batch may
+    # need (x the 5% margin): kept at x1; 2.5x clears it
     machine = FakeMachine({"x2": x2, "x4": 1.0})
     plan = _fake_tune(monkeypatch, machine, ["batch_size"], budget_s=2000.0, max_epochs=1)
     (choice,) = plan.choices
     assert choice.chosen == kept and plan.settings["batch_scale"] == kept
     if kept == 1:
         # 1.33x with +-10% jitter, settled in 3 rounds (it read 1.3x at the 5 rounds every comparison used to run)
-        assert re.match(r"batch size kept: x2 vs x1: 1\.[23]\dx", choice.note)
-        assert "below the 1.58x needed: a doubled batch needed 1.5x the samples to reach the target" in choice.note
+        assert re.match(r"batch size kept: x2 vs x1: 1\.[2-7]\dx", choice.note)
+        assert "below the 2.10x needed: a doubled batch may need up to 2x the samples" in choice.note
 
 
 @pytest.mark.parametrize("planned_steps,kept", [(50, False), (100_000, True)])

@@ -110,7 +110,7 @@ def test_the_kernel_is_not_offered_to_a_plain_module(monkeypatch):
 def test_apply_rebuilds_a_plain_dataloader_at_the_planned_batch(monkeypatch):
     # issue 23: `plan.apply(model, loader)` raised "batch_size attribute should not be set after DataLoader is
     # initialized" whenever the plan doubled the batch
-    machine = FakeMachine({"x2": 0.5, "x4": 1.0})
+    machine = FakeMachine({"x2": 0.4, "x4": 1.0})
     _patched(monkeypatch, machine)
     loader = _loader(n=32, batch_size=8)
     plan = autotune(DemoClassifier(width=4), loader, candidates=["batch_size"], methods=[], cache=False,
@@ -126,7 +126,7 @@ def test_apply_rebuilds_a_plain_dataloader_at_the_planned_batch(monkeypatch):
 
 
 def test_a_loader_that_cannot_be_rebuilt_keeps_its_batch_and_says_so_at_tune_time(monkeypatch):
-    machine = FakeMachine({"x2": 0.5, "x4": 1.0})
+    machine = FakeMachine({"x2": 0.4, "x4": 1.0})
     _patched(monkeypatch, machine)
     data = _loader(n=32, batch_size=8).dataset
     loader = DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(range(24)))
@@ -142,7 +142,7 @@ def test_a_loader_that_cannot_be_rebuilt_keeps_its_batch_and_says_so_at_tune_tim
 
 
 def test_the_schedule_peak_does_not_follow_a_batch_that_was_not_applied(monkeypatch):
-    machine = FakeMachine({"x2": 0.5, "x4": 1.0})
+    machine = FakeMachine({"x2": 0.4, "x4": 1.0})
     _patched(monkeypatch, machine)
     plan = autotune(Plain("adam"), _loader(n=32, batch_size=8), candidates=["batch_size"], methods=["schedule"],
                     cache=False, clock=machine.clock, budget_s=2000.0, max_epochs=2)  # fmt: skip

@@ -10,8 +10,8 @@ the plan by ``margin`` beyond noise. Candidates, in order (:func:`list_candidate
 - ``"precision"``, ``"channels_last"``;
 - ``"data"``: device-resident data against the user's DataLoader;
 - ``"batch_size"``, with LR scaling: a doubled batch must raise samples/s by :data:`BATCH_DOUBLING_COST` and the
-  margin, the extra samples it needed to reach the target on the bench tasks (docs/evidence.md, section
-  "autotune");
+  margin: a doubled batch takes no more steps to the same loss, so it may need up to twice the samples, and only
+  twice the samples/s is sure not to lose time on any task;
 - ``"optimizer"``: the fused/foreach kernel, compared only where the optimizer step is a large enough share of a
   training step to pay the margin even at zero cost, and only for a
   :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can set (a plain

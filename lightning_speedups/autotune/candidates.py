@@ -33,10 +33,12 @@ from lightning_speedups.measure import compare
 
 __all__ = ["BATCH_DOUBLING_COST"]
 
-# A doubled batch must raise samples/s by this factor (and the margin) to be kept: it needed about that many more
-# samples to reach the target per doubling on the end-to-end bench tasks (docs/evidence.md, section "autotune").
-# A step-time trial cannot see epochs, so this factor is the bench's.
-BATCH_DOUBLING_COST = 1.5
+# A doubled batch must raise samples/s by this factor (and the margin) to be kept. A step-time trial cannot see how
+# many more samples the larger batch needs to the target, and that varies by task; what holds on any task is the
+# bound: at the same learning rate a doubled batch takes no more steps to the same loss (it averages twice the
+# samples per step), so it needs at most twice the samples, and twice the samples/s never loses time. (The two
+# image bench tasks needed 1.5x: docs/evidence.md, section "autotune"; a constant fitted to them was not a rule.)
+BATCH_DOUBLING_COST = 2.0
 
 
 def _decide(ctx: TrialContext, name: str, options: Mapping[str, dict[str, Any]], share: float) -> Choice:
@@ -177,8 +179,8 @@ def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, 
     note (too few rounds)."""
     if measured and not (note or "").startswith("only "):
         return (
-            f"{measured[1]:.2f}x the samples/s, below the {need:.2f}x needed: a doubled batch needed "
-            f"{BATCH_DOUBLING_COST:g}x the samples to reach the target on the bench tasks, and the margin is "
+            f"{measured[1]:.2f}x the samples/s, below the {need:.2f}x needed: a doubled batch may need up to "
+            f"{BATCH_DOUBLING_COST:g}x the samples to reach the target (no fewer steps), and the margin is "
             f"{ctx.margin:.0%}"
         )
     return note or "not faster"
