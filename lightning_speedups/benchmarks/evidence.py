@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.benchmarks.runner import _HEADER, _table_rows
 
-__all__ = ["EVIDENCE_SECTIONS", "format_evidence"]
+__all__ = ["EVIDENCE_SECTIONS", "ROW_FILES", "format_evidence"]
 
 # benchmark technique -> section of the evidence page, in page order; docstrings cite "docs/evidence.md, <section>",
 # so a section keeps its name
@@ -23,6 +24,7 @@ EVIDENCE_SECTIONS: dict[str, str] = {
     "autotune": "autotune",
     "workloads": "Workloads",
     "batch_size_finder": "Batch-size finder",
+    "lr_finder": "LR finder",
     "advisor": "Advisor",
     "measure": "Measuring",
     "sequence_batching": "Sequence batching",
@@ -77,12 +79,46 @@ def _transcribed(payload: dict[str, Any], head: str, source: str) -> list[tuple[
     return [(t, title, f"{head}\n\n{_table(payload['columns'][1:], rows)}") for t, rows in by_technique.items()]
 
 
-def _workloads(payload: list[dict[str, Any]], head: str, source: str) -> list[tuple[str, str, str]]:
-    """The workload suite's per-seed records, summarised per task."""
+def _workloads_rows(payload: list[dict[str, Any]]) -> str:
     from lightning_speedups.benchmarks._workloads_table import format_summary, summarize
 
-    table = format_summary(summarize(payload), payload).split("\n", 2)[2]  # its own machine line dropped
-    return [("workloads", f"Held-out and dev tasks ({source})", f"{head}\n\n{table}")]
+    return format_summary(summarize(payload), payload).split("\n", 2)[2]  # its own machine line dropped
+
+
+def _batch_size_suite_rows(payload: list[dict[str, Any]]) -> str:
+    from lightning_speedups.benchmarks.batch_size_suite import format_summary, summarize
+
+    return format_summary(summarize(payload))
+
+
+def _autotune_reach_rows(payload: list[dict[str, Any]]) -> str:
+    from lightning_speedups.benchmarks.autotune_reach import format_summary
+
+    return format_summary(payload)
+
+
+def _lr_grid_rows(payload: list[dict[str, Any]]) -> str:
+    from lightning_speedups.benchmarks.lr_grid import format_summary, summarize
+
+    return format_summary(summarize(payload))
+
+
+# result files that hold a list of rows: file name -> (technique, title, the table of their summary)
+ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
+    "workloads.json": ("workloads", "Held-out and dev tasks", _workloads_rows),
+    "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
+                              _batch_size_suite_rows),
+    "autotune_reach.json": ("autotune", "What the default trial budget reaches, per workload", _autotune_reach_rows),
+    "lr_grid.json": ("lr_finder", "The LR finder against a coarse grid of learning rates, per workload",
+                     _lr_grid_rows),
+}  # fmt: skip
+
+
+def _row_file(name: str, payload: list[dict[str, Any]], head: str, source: str) -> list[tuple[str, str, str]]:
+    if name not in ROW_FILES:
+        raise ValueError(f"docs/_data/{name} holds a list of rows, but no renderer is registered for it in ROW_FILES")
+    technique, title, table = ROW_FILES[name]
+    return [(technique, f"{title} ({source})", f"{head}\n\n{table(payload)}")]
 
 
 def _rank(item: tuple[Path, Any]) -> tuple[int, str]:
@@ -107,7 +143,8 @@ def _evidence_blocks(directory: Path) -> dict[str, list[str]]:
         source = f"`docs/_data/{path.name}`"
         date = (payload.get("date") if isinstance(payload, dict) else None) or notes.get("dates", {}).get(path.name)
         if isinstance(payload, list):
-            found += _workloads(payload, _machine_line(payload[0]["machine"] if payload else "unknown", date), source)
+            machine = payload[0]["machine"] if payload else "unknown"
+            found += _row_file(path.name, payload, _machine_line(machine, date), source)
         else:
             render = _transcribed if "columns" in payload else _bench_run
             found += render(payload, _machine_line(payload["machine"], date), source)

@@ -7,14 +7,20 @@ per-sample work, trained offline (no downloads), and declares its metric, the ta
 Example::
 
     >>> from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
-    >>> "gpt_stdlib" in list_workloads(split="held_out")
-    True
+    >>> "gpt_stdlib" in list_workloads(split="dev"), "signal_cnn1d" in list_workloads(split="held_out")
+    (True, True)
     >>> w = get_workload("gpt_stdlib")
     >>> w.metric, w.mode
     ('val_loss', 'min')
 """
 
-from lightning_speedups.benchmarks.workloads import images, tabular, text_cls, text_lm  # noqa: F401  (registration)
+from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registration)
+    images,
+    signals,
+    tabular,
+    text_cls,
+    text_lm,
+)
 from lightning_speedups.benchmarks.workloads._registry import (
     KINDS,
     SPLITS,

@@ -22,7 +22,7 @@ __all__ = [
     "trainer_kwargs",
 ]
 
-KINDS = ("image_cnn", "image_resnet", "transformer_lm", "transformer_cls", "recurrent", "tabular")
+KINDS = ("image_cnn", "image_resnet", "transformer_lm", "transformer_cls", "recurrent", "tabular", "signal_cnn")
 SPLITS = ("dev", "held_out")
 MODES = ("max", "min")
 

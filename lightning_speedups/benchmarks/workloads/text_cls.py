@@ -151,14 +151,18 @@ register_workload(
     Workload(
         name="seqcls_stdlib",
         kind="transformer_cls",
-        split="held_out",
+        split="dev",
         metric="val_acc",
         mode="max",
-        target=0.4,
+        target=0.31,
         description="Which of 7 stdlib packages a code paragraph (32-128 bytes) comes from: 2-layer "
         "nn.TransformerEncoder (d 64, 4 heads, padding mask, mean pool), AdamW 1e-3, batch 64, pad-to-max 128; "
-        "validation on 1024 paragraphs of held-out files (chance 0.14). Provisional target: a shared-CPU run (load "
-        "~5) reached 0.13/0.24/0.30 at steps 26/52/78 (1.5 s a step); the plateau was not measured.",
+        "validation on 1024 paragraphs of held-out files (chance 0.14). Measured on Python 3.11 over the planned 318 "
+        "steps: 0.30/0.31/0.32/0.30 (seed 0) and 0.24/0.24/0.31/0.31 (seed 1) at 25/50/75/100% of the run, best "
+        "0.34/0.32, +-0.015 between checks. The target is the plateau, first reached at step 132 (seed 0, 42%) and "
+        "210 (seed 1, 66%): seed 0 plateaus by step 80, so no target lands at 60-80% of the run in both seeds. Dev "
+        "since autotune's trial budget pricing and its no-evidence rule for methods were changed after it failed "
+        "this task.",
         build=_build_seqcls,
         max_epochs=3,
         val_check_interval=0.25,
