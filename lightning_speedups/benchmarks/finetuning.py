@@ -71,10 +71,8 @@ def step_ratio(quick: bool = True) -> BenchRow:
         candidate=median(times["frozen"]),
         ratio=ratio,
         unit="s",
-        note=(
-            f"batch {batch}x3x{size}x{size}; {trained:,} of {total:,} params trained"
-            + ("" if ratio > 1.05 else "; no speedup")
-        ),
+        note=(f"batch {batch}x3x{size}x{size}; {trained:,} of {total:,} params trained"
+              + ("" if ratio > 1.05 else "; no speedup")),
         extra={"times_full": times["full"], "times_frozen": times["frozen"]},
     )
 
@@ -111,16 +109,9 @@ class _Clock(L.Callback):
 
 def _trainer(epochs: int, callbacks: list[L.Callback], val_every: float = 1.0) -> L.Trainer:
     return L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=epochs,
-        logger=False,
-        enable_progress_bar=False,
+        accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_progress_bar=False,
         val_check_interval=val_every,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
+        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, callbacks=callbacks,
     )
 
 
@@ -130,6 +121,7 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
     Ratio = full time / gradual time (0 if gradual never gets there, inf if only gradual does).
     """
     from lightning_speedups.callbacks.finetuning import FineTuneFreezing
+
 
     width, pre_epochs, epochs = (8, 3, 3) if quick else (16, 4, 6)
     L.seed_everything(0, verbose=False)
@@ -159,8 +151,7 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
     note = f"pretrained {pre_epochs} epochs on 0-4, {epochs} epochs on 5-9, val every half epoch; train time only"
     if t_full == float("inf") or t_grad == float("inf"):
         note += f"; target {target:.0%} not reached by " + " and ".join(
-            n for n, t in (("full", t_full), ("gradual", t_grad)) if t == float("inf")
-        )
+            n for n, t in (("full", t_full), ("gradual", t_grad)) if t == float("inf"))
     elif ratio <= 1.0:
         note += "; no speedup"
     return BenchRow(

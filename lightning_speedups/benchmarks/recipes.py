@@ -114,9 +114,8 @@ def time_to_accuracy(
     return recorder
 
 
-def fill_caches(
-    task: str, max_epochs: int, width: int, recipe_epochs: int, no_bf16: bool, cache_dir: str, accelerator: str = "cpu"
-) -> float:
+def fill_caches(task: str, max_epochs: int, width: int, recipe_epochs: int, no_bf16: bool, cache_dir: str,
+                accelerator: str = "cpu") -> float:
     """Measure once, untimed in the rows: the recipe's probe and an autotune plan with ``budget_s=10``; returns the
     seconds it took (reported in the notes)."""
     start = time.perf_counter()
@@ -147,8 +146,7 @@ def _row(task: str, kind: str, target: float, recs: dict[str, list[TimeToTarget]
     variant = f"{kind.removesuffix('_cached')} vs plain baseline ({task}; {_WHEN[kind]})"
     spent = median([r.extra_s for r in cand])
     counted = f"{spent:.2f}s of measuring counted (median)" + (
-        f"; the cache was filled once beforehand in {once_s:.1f}s, not counted" if kind.endswith("_cached") else ""
-    )
+        f"; the cache was filled once beforehand in {once_s:.1f}s, not counted" if kind.endswith("_cached") else "")
     if missed:
         best = {k: max(a for r in recs[k] for _, a in r.curve) for k in ("baseline", kind)}
         note = "; ".join(f"target not reached by {k} (best val_acc {best[k]:.3f})" for k in missed)
@@ -168,12 +166,8 @@ def _row(task: str, kind: str, target: float, recs: dict[str, list[TimeToTarget]
         accuracy_baseline=acc_base,
         accuracy_candidate=acc_cand,
         note=f"accuracy when each reached the target; median of {len(base)} alternating run(s); {counted}",
-        extra={
-            "curves": curves,
-            "ratio_min": min(per_run),
-            "ratio_max": max(per_run),
-            "reached_at": {k: [r.reached_at for r in recs[k]] for k in ("baseline", kind)},
-        },
+        extra={"curves": curves, "ratio_min": min(per_run), "ratio_max": max(per_run),
+               "reached_at": {k: [r.reached_at for r in recs[k]] for k in ("baseline", kind)}},
     )
 
 

@@ -99,15 +99,8 @@ def train_once(task: _Task, method: str | None, seed: int, target: float, stop: 
     clock = TrainClock(target, stop=stop)
     callbacks = [*(METHODS[method]() if method else []), clock]
     trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=task.epochs,
-        val_check_interval=0.5,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
+        accelerator="cpu", devices=1, max_epochs=task.epochs, val_check_interval=0.5, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         callbacks=callbacks,
     )
     trainer.fit(model, task.make(seed))
