@@ -140,8 +140,6 @@ def run_suite(
     path = Path(json_path) if json_path is not None else None
     rows = read_rows(path, ("task", "phase")) if path is not None else []
     machine = machine_info()
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
     for w in workloads:
         held = {r["phase"]: r for r in rows if r["task"] == w.name}
         for phase in PHASES:
@@ -227,11 +225,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 small tasks, sizes up to 32")
     args = parser.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # one line per row, not Lightning's lines per fit
+        lg.setLevel(logging.ERROR)
     try:
         rows = run_suite(tasks, args.json, args.runs, args.load_runs, args.max_val, quick=args.quick)
     except SpeedupConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
     print(format_summary(summarize(rows)))
     return 0
 
