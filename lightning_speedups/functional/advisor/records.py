@@ -202,9 +202,9 @@ class Measurements:
 
     @property
     def compile_saving_s(self) -> float | None:
-        """Seconds a compiled step saves over an eager one (negative: slower); ``None`` when compile was not measured.
+        """Seconds a compiled step saves over an eager one, negative when slower, ``None`` when compile was not measured.
 
-        The probe's eager step (or, without one, the run's mean compute) times ``1 - 1 / compile_speedup``."""
+        It is the probe's eager step (or, without one, the run's mean compute) times ``1 - 1 / compile_speedup``."""
         s, eager = self.compile_speedup, self.compile_eager_s or self.compute_s
         if s is None or self.compile_s is None or not eager or s <= 0:
             return None
@@ -212,9 +212,9 @@ class Measurements:
 
     @property
     def compile_payback_steps(self) -> float | None:
-        """Steps after which the compile time is paid back: ``compile_s / saving per step``.
+        """Steps after which the compile time is paid back, ``compile_s / saving per step``.
 
-        ``math.inf`` when the compiled step is not faster; ``None`` when compile was not measured."""
+        It is ``math.inf`` when the compiled step is not faster; ``None`` when compile was not measured."""
         saving = self.compile_saving_s
         if saving is None or self.compile_s is None:
             return None
@@ -222,9 +222,10 @@ class Measurements:
 
     @property
     def compile_net_share(self) -> float | None:
-        """Share of the planned run's compute that compiling saves, net of the compile: ``(planned x eager - compile_s
-        - planned x compiled) / (planned x eager)`` with the run's mean compute as the eager step (negative: the run
-        gets slower); ``None`` when compile was not measured or the run length is unknown."""
+        """Share of the planned run's compute that compiling saves, net of the compile, negative when the run slows.
+
+        It is ``(planned x eager - compile_s - planned x compiled) / (planned x eager)`` with the run's mean compute as
+        the eager step; ``None`` when compile was not measured or the run length is unknown."""
         saving, n, c = self.compile_saving_s, self.planned_steps, self.compute_s
         if saving is None or self.compile_s is None or not n or not c:
             return None
