@@ -202,7 +202,7 @@ class Measurements:
 
     @property
     def compile_saving_s(self) -> float | None:
-        """Seconds a compiled step saves over an eager one, negative when slower, ``None`` when compile was not measured.
+        """Seconds a compiled step saves over an eager one, negative when slower, ``None`` when not measured.
 
         It is the probe's eager step (or, without one, the run's mean compute) times ``1 - 1 / compile_speedup``."""
         s, eager = self.compile_speedup, self.compile_eager_s or self.compute_s
