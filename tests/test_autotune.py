@@ -285,3 +285,15 @@ def test_the_optimizer_only_step_leaves_the_users_model_untouched():
     alone()
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_plan_gain_counts_a_kept_methods_per_step_cost():
+    """The plan's estimate of its own step-time gain multiplies the changed choices: a trial's gain and the EMA's
+    measured update cost (below 1), which the workload bench compares with the fit's real step time."""
+    choices = [
+        trials.Choice("precision", "bf16-mixed", gain=1.25, changed=True),
+        trials.Choice("ema", 0.99, gain=0.9, changed=True),
+        trials.Choice("batch_size", 1, gain=1.3, changed=False),  # kept the current size: not in the estimate
+    ]
+    assert TunePlan(settings={}, choices=choices).gain == pytest.approx(1.125)
+    assert TunePlan(settings={}, choices=[]).gain == 1.0

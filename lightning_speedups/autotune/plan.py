@@ -46,10 +46,11 @@ class TunePlan:
 
     @property
     def gain(self) -> float:
-        """The product of the changed choices' measured step-time gains (an estimate of the whole plan's)."""
+        """The product of the changed choices' measured step-time ratios, an estimate of the whole plan's: the trials'
+        gains and the methods' per-step costs (the EMA's update, below 1), so a kept method's cost is not left out."""
         total = 1.0
         for choice in self.choices:
-            total *= max(choice.gain, 1.0) if choice.changed else 1.0
+            total *= choice.gain if choice.changed else 1.0
         return total
 
     def apply(self, model: L.LightningModule, datamodule: Any = None) -> L.LightningModule:

@@ -9,11 +9,13 @@ from typing import Any
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads
 from lightning_speedups.measure import median
 
-__all__ = ["ACC_TOLERANCE", "LOSS_TOLERANCE", "does_not_help", "format_summary", "summarize"]
+__all__ = ["ACC_TOLERANCE", "GAIN_TOLERANCE", "LOSS_TOLERANCE", "does_not_help", "format_gain_checks", "format_summary",
+           "gain_checks", "summarize"]  # fmt: skip
 
 ACC_TOLERANCE = 0.005  # half a point of accuracy: a worse end than this counts against a method
 LOSS_TOLERANCE = 0.01  # a loss higher by this at the end counts against a method
-_ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached")
+GAIN_TOLERANCE = 0.10  # a plan's predicted step-time gain and its fit's measured one agree within this share
+_ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached", "advisor_top")
 
 
 def _mode_target(task: str, metric: str) -> tuple[str, float | None]:
@@ -142,3 +144,49 @@ def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
 
 def _q(s: dict[str, Any]) -> str:
     return "-" if s["quality"] is None else f"{s['quality']:.3f}"
+
+
+def gain_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per autotune row that predicted a gain: the gain its fit measured against the same seed's baseline.
+
+    ``fit_gain`` = the baseline's training seconds per sample / the plan's (per step, with the plan's batch
+    multiplier), over the whole planned run with validation excluded: what the Trainer ran, with every kept callback's
+    cost in it. ``within`` says whether it is within :data:`GAIN_TOLERANCE` of ``predicted`` (the plan's
+    ``TunePlan.gain``, the product of its trials' ratios). Rows without the fields (older files) are left out.
+
+    Example::
+
+        >>> rows = [dict(task="t", method="baseline", seed=0, train_s=10.0, steps=100, batch_scale=1),
+        ...         dict(task="t", method="autotune_first", seed=0, train_s=8.0, steps=50, batch_scale=2,
+        ...              predicted_gain=1.3)]
+        >>> [(c["fit_gain"], c["within"]) for c in gain_checks(rows)]
+        [(1.25, True)]
+    """
+    base = {(r["task"], r["seed"]): r for r in rows if r["method"] == "baseline" and r.get("train_s")}
+    out = []
+    for r in rows:
+        b = base.get((r["task"], r["seed"]))
+        if not str(r["method"]).startswith("autotune") or r.get("predicted_gain") is None or not r.get("train_s"):
+            continue
+        if b is None or not b.get("steps") or not r.get("steps"):
+            continue
+        fit = (b["train_s"] / b["steps"]) / (r["train_s"] / (r["steps"] * int(r.get("batch_scale") or 1)))
+        predicted = float(r["predicted_gain"])
+        out.append({"task": r["task"], "method": r["method"], "seed": r["seed"], "predicted": predicted,
+                    "fit_gain": fit, "within": abs(fit / predicted - 1.0) <= GAIN_TOLERANCE})  # fmt: skip
+    return out
+
+
+def format_gain_checks(checks: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of :func:`gain_checks`, one line per task and method: the seeds' predicted and measured
+    gains, and how many agree within 10%."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in checks:
+        groups.setdefault((c["task"], c["method"]), []).append(c)
+    lines = ["| task | method | predicted (per seed) | the fit measured (per seed) | within 10% |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for (task, method), group in groups.items():
+        predicted = ", ".join(f"{c['predicted']:.2f}x" for c in group)
+        fit = ", ".join(f"{c['fit_gain']:.2f}x" for c in group)
+        lines.append(f"| {task} | {method} | {predicted} | {fit} | {sum(c['within'] for c in group)}/{len(group)} |")
+    return "\n".join(lines) + "\n"

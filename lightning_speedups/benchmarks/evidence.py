@@ -80,9 +80,14 @@ def _transcribed(payload: dict[str, Any], head: str, source: str) -> list[tuple[
 
 
 def _workloads_rows(payload: list[dict[str, Any]]) -> str:
-    from lightning_speedups.benchmarks._workloads_table import format_summary, summarize
+    from lightning_speedups.benchmarks import _workloads_table as wt
 
-    return format_summary(summarize(payload), payload).split("\n", 2)[2]  # its own machine line dropped
+    table = wt.format_summary(wt.summarize(payload), payload).split("\n", 2)[2]  # its own machine line dropped
+    checks = wt.gain_checks(payload)
+    if not checks:
+        return table
+    return (f"{table}\nautotune's predicted step-time gain (the product of its kept trials' ratios) against the gain "
+            f"its fit ran at, per sample, over the whole run:\n\n{wt.format_gain_checks(checks)}")
 
 
 def _batch_size_suite_rows(payload: list[dict[str, Any]]) -> str:
@@ -106,6 +111,7 @@ def _lr_grid_rows(payload: list[dict[str, Any]]) -> str:
 # result files that hold a list of rows: file name -> (technique, title, the table of their summary)
 ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads.json": ("workloads", "Held-out and dev tasks", _workloads_rows),
+    "workloads_no_bf16.json": ("workloads", "With `no_bf16=True` (`--no-bf16`): the fp32 path", _workloads_rows),
     "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
                               _batch_size_suite_rows),
     "autotune_reach.json": ("autotune", "What the default trial budget reaches, per workload", _autotune_reach_rows),

@@ -15,6 +15,8 @@ Methods:
 * ``autotune_first``: :func:`~lightning_speedups.autotune.autotune` with an empty cache (its trials run), then
   ``plan.apply`` and a run with the plan's callbacks, Trainer arguments and data.
 * ``autotune_cached``: the same with the cache the first run filled, so the trials are skipped.
+* ``advisor_top``: the advisor's top finding applied (:mod:`~lightning_speedups.benchmarks._workloads_advisor`): the
+  check that its first fix does not slow a task down. The advisor's own run is in the notes, not the time.
 
 What a method spends before the fit (the recipe's probe, autotune's trials or cache read, ``plan.apply``; wall
 seconds) is the row's ``trial_s`` and is added to its ``time_to_target_s``. ``quality`` is the metric at the end of
@@ -46,19 +48,23 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
 from lightning_speedups.autotune import autotune
 from lightning_speedups.benchmarks._common import BenchRow, read_rows, write_rows
-from lightning_speedups.benchmarks._workloads_table import format_summary, summarize
+from lightning_speedups.benchmarks._workloads_advisor import FIXES, advisor_findings, fix_for
+from lightning_speedups.benchmarks._workloads_table import format_gain_checks, format_summary, gain_checks, summarize
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
 from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.measure import machine_info
 from lightning_speedups.optim import SpeedupMixin
 from lightning_speedups.recipes import fast_train
 
-__all__ = ["METHODS", "QUICK_TASKS", "ROW_KEYS", "format_summary", "main", "run", "run_suite", "summarize"]
+__all__ = ["ALL_METHODS", "METHODS", "QUICK_TASKS", "ROW_KEYS", "format_summary", "main", "run", "run_suite",
+           "summarize"]  # fmt: skip
 
-METHODS = ("baseline", "fast_train", "autotune_first", "autotune_cached")
+METHODS = ("baseline", "fast_train", "autotune_first", "autotune_cached")  # the default run
+ALL_METHODS = (*METHODS, "advisor_top")  # advisor_top: only when named (a separate check, not a speed method)
 QUICK_TASKS = ("tabular_mlp", "digits")  # a plain MLP and an image CNN (autotune's device-data path): a smoke test
 ROW_KEYS = ("task", "kind", "split", "method", "seed", "time_to_target_s", "quality", "metric", "machine", "trial_s",
-            "steps", "notes")  # fmt: skip
+            "steps", "train_s", "cpu_time_to_target_s", "cpu_s", "batch_scale", "predicted_gain",
+            "notes")  # fmt: skip
 SMALL_NOTE = "small build (smoke test: the target does not apply)"
 
 
@@ -72,6 +78,8 @@ class _Prepared:
     overrides: dict[str, Any] = field(default_factory=dict)
     trial_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    batch_scale: int = 1  # the plan's batch multiplier (samples per step relative to the baseline's)
+    predicted_gain: float | None = None  # the plan's own estimate of its step-time gain (``TunePlan.gain``)
 
 
 def _build_seeded(w: Workload, seed: int, small: bool) -> tuple[L.LightningModule, Any]:
@@ -80,7 +88,16 @@ def _build_seeded(w: Workload, seed: int, small: bool) -> tuple[L.LightningModul
 
 
 def _prebuilt(w: Workload, model: L.LightningModule, data: Any) -> Workload:
-    return replace(w, build=lambda seed, small=False: (model, data))
+    """``w`` building the prepared ``model`` and ``data``. Its build still runs the workload's own build, whose result
+    is dropped, so that the global RNG is where the baseline's is when its fit starts (``time_to_target`` seeds,
+    then builds): the same seed gives the same data order and dropout as the baseline's run, and a method that changes
+    nothing trains the baseline's run exactly."""
+
+    def build(seed: int, small: bool = False) -> tuple[L.LightningModule, Any]:
+        w.build(seed, small=small)
+        return model, data
+
+    return replace(w, build=build)
 
 
 class _TrainLoaderSwap(L.LightningDataModule):
@@ -136,12 +153,25 @@ def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
             notes.append("the cache missed: trials ran again")
         fit_data = plan.datamodule or (_TrainLoaderSwap(data, plan.train_dataloaders) if plan.train_dataloaders
                                        is not None else data)  # fmt: skip
-        kept = [f"{c.name}={c.chosen}" for c in plan.choices if c.chosen not in (False, None, 1, "current")]
+        kept = [f"{c.name}={c.chosen} ({c.gain:.2f}x per step)" if c.changed else f"{c.name}={c.chosen}"
+                for c in plan.choices if c.chosen not in (False, None, 1, "current")]  # fmt: skip
         notes = [f"kept: {', '.join(kept) or 'nothing'}", *notes, *plan.notes]
         return _Prepared(_prebuilt(w, model, fit_data), list(plan.callbacks), dict(plan.trainer_kwargs), trial_s,
-                         notes)  # fmt: skip
+                         notes, int(plan.settings.get("batch_scale", 1)), plan.gain)  # fmt: skip
 
     return prepare
+
+
+def _advisor_top(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
+    findings, advise_s = advisor_findings(w, seed, small, no_bf16)
+    finding, skipped = fix_for(findings)
+    above = f"; ranked above it, with a code change for a fix: {', '.join(skipped)}" if skipped else ""
+    if finding is None:
+        keys = ", ".join(f["key"] for f in findings) or "none"
+        return f"nothing to apply: the advisor's findings ({keys}) have no callback or Trainer-argument fix"
+    callbacks, overrides = FIXES[finding["key"]]()
+    notes = [f"applied: {finding['key']} ({finding['fix']}){above}", f"the advisor's run took {advise_s:.1f} s"]
+    return _Prepared(w, callbacks, overrides, 0.0, notes)
 
 
 # method -> how it prepares a run; a string result says why the method does not apply (no row)
@@ -150,6 +180,7 @@ _PREPARE: dict[str, Callable[..., _Prepared | str]] = {
     "fast_train": _fast_train,
     "autotune_first": _autotune(cached=False),
     "autotune_cached": _autotune(cached=True),
+    "advisor_top": _advisor_top,
 }
 
 
@@ -169,6 +200,11 @@ def _row(w: Workload, method: str, seed: int, result: dict[str, Any], prep: _Pre
         "machine": machine,
         "trial_s": prep.trial_s,
         "steps": result["steps"],
+        "train_s": result.get("train_s"),
+        "cpu_time_to_target_s": result.get("cpu_time_to_target_s"),  # process CPU seconds, trials not counted
+        "cpu_s": result.get("cpu_s"),
+        "batch_scale": prep.batch_scale,
+        "predicted_gain": prep.predicted_gain,
         "notes": "; ".join([*notes, *prep.notes]),
     }
 
@@ -206,7 +242,7 @@ def _read_rows(path: Path, small: bool) -> list[dict[str, Any]]:
 def _check(tasks: Sequence[str] | None, methods: Sequence[str], seeds: Sequence[int], quick: bool) -> list[Workload]:
     check_bool("quick", quick)
     for m in methods:
-        check_choice("methods", m, METHODS)
+        check_choice("methods", m, ALL_METHODS)
     for s in seeds:
         check_int("seeds", s, 0)
     names = list(tasks) if tasks is not None else list(QUICK_TASKS if quick else list_workloads())
@@ -226,7 +262,7 @@ def run_suite(
 
     Args:
         tasks: registered workload names (default: all; with ``quick``, :data:`QUICK_TASKS`).
-        methods: a subset of :data:`METHODS`, run in this order for each seed.
+        methods: a subset of :data:`ALL_METHODS`, run in this order for each seed.
         seeds: the seeds (with ``quick``, only the first).
         json_path: where the rows go, rewritten after each one; rows it already holds are skipped (resume).
         quick: a smoke test: one seed, the workloads' ``small=True`` builds (their targets do not apply).
@@ -333,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tasks", metavar="NAMES", help=f"comma-separated workloads, from {', '.join(list_workloads())}"
     )
-    parser.add_argument("--methods", metavar="NAMES", help=f"comma-separated, from {', '.join(METHODS)} (default all)")
+    parser.add_argument(
+        "--methods", metavar="NAMES", help=f"comma-separated, from {', '.join(ALL_METHODS)} (default: all but the last)"
+    )
     parser.add_argument("--seeds", metavar="N,N", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--no-bf16", action="store_true", help="keep bf16 out of the recipe's and autotune's choices")
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 tasks, one seed, small builds")
@@ -350,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_summary(summarize(rows), rows))
+    checks = gain_checks(rows)
+    if checks:
+        print(format_gain_checks(checks))
     if args.json:
         print(f"rows in {args.json}")
     return 0

@@ -219,3 +219,55 @@ def test_workloads_bench_real_smoke(tmp_path) -> None:
     rows = wb.run_suite(["tabular_mlp"], methods=("baseline",), json_path=tmp_path / "w.json", quick=True, echo=False)
     assert len(rows) == 1 and rows[0]["steps"] > 0 and 0.0 <= rows[0]["quality"] <= 1.0
     assert json.loads((tmp_path / "w.json").read_text())[0]["task"] == "tabular_mlp"
+
+
+def test_workloads_bench_gain_checks_per_sample_against_the_same_seed() -> None:
+    from lightning_speedups.benchmarks._workloads_table import format_gain_checks, gain_checks
+
+    base = dict(task="t", method="baseline", seed=0, train_s=10.0, steps=100, batch_scale=1, predicted_gain=None)
+    rows = [
+        base,
+        {**base, "seed": 1, "train_s": 20.0},
+        # a doubled batch: half the steps, each 1.6x as long -> 1.25x per sample, predicted 1.3x: within 10%
+        {**base, "method": "autotune_first", "train_s": 8.0, "steps": 50, "batch_scale": 2, "predicted_gain": 1.3},
+        # predicted 2x, the fit ran 1.25x: a miss
+        {**base, "method": "autotune_cached", "seed": 1, "train_s": 16.0, "predicted_gain": 2.0},
+        {**base, "method": "advisor_top", "train_s": 5.0},  # not autotune: no check
+        {**base, "method": "autotune_first", "seed": 2, "predicted_gain": 1.1},  # no baseline for seed 2
+        {**base, "method": "autotune_cached", "train_s": None, "predicted_gain": 1.1},  # an older row
+    ]
+    checks = gain_checks(rows)
+    assert [(c["method"], c["seed"], c["within"]) for c in checks] == [("autotune_first", 0, True),
+                                                                         ("autotune_cached", 1, False)]  # fmt: skip
+    assert checks[0]["fit_gain"] == pytest.approx(1.25) and checks[1]["fit_gain"] == pytest.approx(1.25)
+    table = format_gain_checks(checks)
+    assert "| t | autotune_first | 1.30x | 1.25x | 1/1 |" in table
+    assert "| t | autotune_cached | 2.00x | 1.25x | 0/1 |" in table
+
+
+def test_workloads_advisor_fix_for_skips_code_changes_and_measure_first() -> None:
+    from lightning_speedups.benchmarks._workloads_advisor import FIXES, fix_for
+
+    findings = [{"key": "data_bound", "fix": "`DeviceDataLoader`"},
+                {"key": "not_compiled", "fix": "Measure first: `SpeedAdvisor(probe_compile=True)`"},
+                {"key": "channels_last", "fix": "`ChannelsLast()` callback"},
+                {"key": "small_batch", "fix": "`ThroughputBatchSizeFinder()`"}]  # fmt: skip
+    finding, skipped = fix_for(findings)
+    assert finding is findings[2] and skipped == ["data_bound", "not_compiled"]
+    assert fix_for(findings[:2]) == (None, ["data_bound", "not_compiled"])
+    callbacks, overrides = FIXES["fp32_on_bf16_cpu"]()
+    assert (callbacks, overrides) == ([], {"precision": "bf16-mixed"})
+    assert type(FIXES["not_compiled"]()[0][0]).__name__ == "TorchCompile"
+
+
+def test_workloads_bench_advisor_top_applies_the_first_fix(fake: _FakeTrainer, monkeypatch) -> None:
+    findings = {0: [{"key": "num_workers_zero", "fix": "DataLoader `num_workers` > 0"},
+                    {"key": "channels_last", "fix": "`ChannelsLast()` callback"}],
+                1: [{"key": "num_workers_zero", "fix": "DataLoader `num_workers` > 0"}]}  # fmt: skip
+    monkeypatch.setattr(wb, "advisor_findings", lambda w, seed, small, no_bf16: (findings[seed], 3.0))
+    assert "advisor_top" not in wb.METHODS  # only when named
+    rows = wb.run_suite(["tiny"], methods=("advisor_top",), seeds=(0, 1), echo=False)
+    assert [(r["method"], r["seed"], r["trial_s"]) for r in rows] == [("advisor_top", 0, 0.0)]  # seed 1: nothing
+    assert rows[0]["notes"].startswith("applied: channels_last") and "num_workers_zero" in rows[0]["notes"]
+    assert "took 3.0 s" in rows[0]["notes"]
+    assert [type(c).__name__ for c in fake.calls[0]["callbacks"]] == ["ChannelsLast"]

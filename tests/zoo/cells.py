@@ -258,6 +258,22 @@ def resume_check(cell: Cell, rec: FitRecord) -> str | None:
     return _compare_states(got, rec.final_state)
 
 
+def _channels_last(model: torch.nn.Module) -> bool:
+    weights = [p for p in model.parameters() if p.dim() == 4 and p.shape[-1] * p.shape[-2] > 1]
+    return any(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous() for p in weights)
+
+
+def _same_memory_format(loaded: torch.nn.Module, trained: torch.nn.Module | None) -> None:
+    """Put a reloaded model in the trained one's memory format, as the technique would at the next fit.
+
+    NHWC and NCHW convolutions round differently; on a deep network whose outputs have grown large (EfficientNetV2
+    after a few steps on noise: about 2e7), the same weights then differ by about 1e4, far over the tolerance,
+    while the reloaded model in NHWC gives the trained model's outputs exactly.
+    """
+    if trained is not None and _channels_last(trained):
+        loaded.to(memory_format=torch.channels_last)
+
+
 def reload_check(cell: Cell, rec: FitRecord) -> str | None:
     """Load the final checkpoint into a fresh model; return why its outputs differ from the trained model's.
 
@@ -276,6 +292,7 @@ def reload_check(cell: Cell, rec: FitRecord) -> str | None:
         if loaded is not None and not isinstance(loaded, torch.nn.Module):
             problems.append(f"load_checkpoint returned {type(loaded).__name__}, not the model")
         elif loaded is not None:
+            _same_memory_format(loaded, rec.model)  # type: ignore[arg-type]
             out = _outputs(loaded)  # type: ignore[arg-type]
             if out.shape != rec.outputs.shape:
                 problems.append(f"load_checkpoint: output shape {tuple(out.shape)} != {tuple(rec.outputs.shape)}")
@@ -285,6 +302,7 @@ def reload_check(cell: Cell, rec: FitRecord) -> str | None:
     if isinstance(fresh, ls.SpeedupMixin):  # documented: MyModel.load_from_checkpoint(path) works for mixin models
         try:
             via_cls = type(fresh).load_from_checkpoint(rec.ckpts[-1], map_location="cpu")
+            _same_memory_format(via_cls, rec.model)
             out2 = _outputs(via_cls)
             if not torch.allclose(out2, rec.outputs, atol=ATOL, rtol=RTOL):
                 problems.append("load_from_checkpoint: outputs differ from the trained model's")

@@ -74,3 +74,17 @@ def test_arch_sweep_sample(row: str, tech: str):
     name = MUST_NAME.get((row, tech))
     if rec["outcome"] == "refused" and name:
         assert name in rec["message"], f"the refusal does not name {name}: {rec['message']}"
+
+
+def test_a_reload_is_compared_in_the_trained_models_memory_format():
+    """NHWC and NCHW convolutions round differently, so a reload of a channels_last model is compared in NHWC (the
+    sweep's EfficientNetV2 cell differed by 1e4 on outputs of 2e7 in NCHW, and by 0 in NHWC)."""
+    from tests.zoo.cells import _same_memory_format
+
+    trained = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 4, 1))
+    trained.to(memory_format=torch.channels_last)
+    fresh = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 4, 1))
+    _same_memory_format(fresh, torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))  # an NCHW model: left as it is
+    assert fresh[0].weight.is_contiguous()
+    _same_memory_format(fresh, trained)
+    assert fresh[0].weight.is_contiguous(memory_format=torch.channels_last) and not fresh[0].weight.is_contiguous()
