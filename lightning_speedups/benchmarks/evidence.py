@@ -86,8 +86,9 @@ def _workloads_rows(payload: list[dict[str, Any]]) -> str:
     checks = wt.gain_checks(payload)
     if not checks:
         return table
-    return (f"{table}\nautotune's predicted step-time gain (the product of its kept trials' ratios) against the gain "
-            f"its fit ran at, per sample, over the whole run:\n\n{wt.format_gain_checks(checks)}")
+    return (f"{table}\nautotune's predicted step-time gain (`TunePlan.gain`: its kept trials' ratios times its "
+            f"methods' per-step costs) against the gain its fit ran at, per sample, over the whole run:\n\n"
+            f"{wt.format_gain_checks(checks)}")
 
 
 def _batch_size_suite_rows(payload: list[dict[str, Any]]) -> str:
