@@ -46,8 +46,10 @@ class TunePlan:
 
     @property
     def gain(self) -> float:
-        """The product of the changed choices' measured step-time ratios, an estimate of the whole plan's: the trials'
-        gains and the methods' per-step costs (the EMA's update, below 1), so a kept method's cost is not left out."""
+        """The product of the changed choices' measured step-time ratios, an estimate of the whole plan's gain.
+
+        It multiplies the trials' gains and the methods' per-step costs (the EMA's update, below 1), so a kept
+        method's cost is not left out."""
         total = 1.0
         for choice in self.choices:
             total *= choice.gain if choice.changed else 1.0
