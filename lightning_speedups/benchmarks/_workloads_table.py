@@ -152,7 +152,8 @@ def gain_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     ``fit_gain`` = the baseline's training seconds per sample / the plan's (per step, with the plan's batch
     multiplier), over the whole planned run with validation excluded: what the Trainer ran, with every kept callback's
     cost in it. ``within`` says whether it is within :data:`GAIN_TOLERANCE` of ``predicted`` (the plan's
-    ``TunePlan.gain``, the product of its trials' ratios). Rows without the fields (older files) are left out.
+    ``TunePlan.gain``: its kept trials' ratios times its methods' per-step costs). Rows without the fields (older
+    files) are left out.
 
     Example::
 

@@ -90,25 +90,11 @@ def _train_accuracy(loader: Iterable[Any], val: tuple[torch.Tensor, torch.Tensor
         return float((model(xv).argmax(1) == y).float().mean())
 
 
-def run(quick: bool = True) -> list[BenchRow]:
-    """Measure the data pipelines and the train step fed by them; return one row per candidate.
-
-    Args:
-        quick: about 15 s on 2 cores (2048 images, 3 repeats); ``False`` uses 4096 images, 5 repeats and also
-            measures the accuracy after one training epoch with each pipeline.
-
-    Returns:
-        :class:`BenchRow` s; ``ratio`` = candidate samples/s / baseline samples/s.
-    """
-    # long: a benchmark script: one measurement after another, read top to bottom
-    n, repeats, width, steps = (2048, 3, 8, 2) if quick else (4096, 5, 16, 6)
-    batch_size = 256
-    pipes = _pipelines(n, batch_size)
+def _pipeline_rows(pipes: dict[str, Callable[[], Iterable[Any]]], n: int, repeats: int) -> list[BenchRow]:
+    """The data pipelines alone, one full epoch each, against ``dataloader+v2``. The batched path also runs at 1
+    intra-op thread (the per-sample path is single-threaded anyway: its tensors are below torch's parallel grain),
+    which shows what a machine shared with other jobs does to spinning OpenMP threads."""
     rows: list[BenchRow] = []
-
-    # 1) the data pipeline alone: one full epoch each; the batched path also at 1 intra-op thread (the per-sample
-    #    path is single-threaded anyway: its tensors are below torch's parallel grain), which shows what a machine
-    #    shared with other jobs does to spinning OpenMP threads
     fns: dict[str, Callable[[], Any]] = {name: (lambda f=factory: _consume(f())) for name, factory in pipes.items()}
     fns["device+vectorized, 1 thread"] = _with_threads(1, fns["device+vectorized"])
     times = interleaved_timings(fns, repeats=repeats, warmup=1)
@@ -132,6 +118,24 @@ def run(quick: bool = True) -> list[BenchRow]:
                 note=note,
             )
         )
+    return rows
+
+
+def run(quick: bool = True) -> list[BenchRow]:
+    """Measure the data pipelines and the train step fed by them; return one row per candidate.
+
+    Args:
+        quick: about 15 s on 2 cores (2048 images, 3 repeats); ``False`` uses 4096 images, 5 repeats and also
+            measures the accuracy after one training epoch with each pipeline.
+
+    Returns:
+        :class:`BenchRow` s; ``ratio`` = candidate samples/s / baseline samples/s.
+    """
+    # long: a benchmark script: one measurement after another, read top to bottom
+    n, repeats, width, steps = (2048, 3, 8, 2) if quick else (4096, 5, 16, 6)
+    batch_size = 256
+    pipes = _pipelines(n, batch_size)
+    rows = _pipeline_rows(pipes, n, repeats)
 
     # 2) a full train step of the demo model, fed by the baseline and by the fastest device pipeline
     from lightning_speedups.demo import DemoClassifier

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lightning_speedups as ls
 from lightning_speedups import SpeedupConfigError
+from lightning_speedups.functional.channels_last import is_channels_last
 from tests.zoo.models import ARCHS, build
 from tests.zoo.techniques import EFFECTS, TECHNIQUES, Refused, Technique, expected, param_count
 
@@ -260,7 +261,7 @@ def resume_check(cell: Cell, rec: FitRecord) -> str | None:
 
 def _channels_last(model: torch.nn.Module) -> bool:
     weights = [p for p in model.parameters() if p.dim() == 4 and p.shape[-1] * p.shape[-2] > 1]
-    return any(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous() for p in weights)
+    return any(is_channels_last(p) and not p.is_contiguous() for p in weights)
 
 
 def _same_memory_format(loaded: torch.nn.Module, trained: torch.nn.Module | None) -> None:
