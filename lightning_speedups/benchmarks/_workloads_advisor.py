@@ -3,8 +3,8 @@
 :class:`~lightning_speedups.SpeedAdvisor` watches the start of the workload's planned run (its warm-up and timing
 window, then the run is stopped), and the highest-ranked finding whose fix is one callback or one Trainer argument is
 applied to a fresh run, as a user would copy it from the report. Findings whose fix is a code change (move the data to
-the device, freeze modules) are skipped, and the row's notes name them. The advisor's own run is diagnosis, paid once,
-so it is in the notes and not in the time to target.
+the device, freeze modules) or a measurement first (``"Measure first: ..."``) are skipped, and the row's notes name
+them. The advisor's own run is diagnosis, paid once, so it is in the notes and not in the time to target.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def advisor_findings(w: Workload, seed: int, small: bool, no_bf16: bool) -> tupl
     """The advisor's ranked findings (as dicts) on the start of ``w``'s planned run, and the seconds it took."""
     advisor = SpeedAdvisor(verbose=False, probe_compile=True)
     start = time.perf_counter()
-    overrides = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
-    time_to_target(w, seed, callbacks=[advisor, _StopAfterReport(advisor)], trainer_overrides=overrides, small=small)
+    # the run the user runs, validation included (the advisor counts the graphs a compile adds for it), stopped
+    time_to_target(w, seed, callbacks=[advisor, _StopAfterReport(advisor)], small=small)
     seconds = time.perf_counter() - start
     findings = [] if advisor.report is None else [f.to_dict() for f in advisor.report.findings]
     if no_bf16:
@@ -74,10 +74,12 @@ def advisor_findings(w: Workload, seed: int, small: bool, no_bf16: bool) -> tupl
 
 def fix_for(findings: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
     """The highest-ranked finding with a fix of callbacks or Trainer arguments, and the keys ranked above it (their
-    fixes are code changes). A "measure first" finding (compile not timed) has no fix to apply."""
+    fixes are code changes). A "measure first" finding (compile not timed) has no fix to apply, and an ``info``
+    finding (score 0: measured, no gain here, "skip it") is not one a user would apply: both are skipped too."""
     skipped = []
     for f in findings:
-        if f["key"] in FIXES and not str(f["fix"]).startswith("Measure first"):
+        actionable = f.get("severity") != "info" and float(f.get("score", 1.0)) > 0.0
+        if f["key"] in FIXES and actionable and not str(f["fix"]).startswith("Measure first"):
             return f, skipped
         skipped.append(f["key"])
     return None, skipped

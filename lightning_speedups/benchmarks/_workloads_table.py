@@ -18,11 +18,13 @@ GAIN_TOLERANCE = 0.10  # a plan's predicted step-time gain and its fit's measure
 _ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached", "advisor_top")
 
 
-def _mode_target(task: str, metric: str) -> tuple[str, float | None]:
+def _mode_target_split(task: str, metric: str, split: str) -> tuple[str, float | None, str]:
+    """The registered task's mode, target and split now (a held-out task that changed a rule is dev since); a task
+    no longer registered keeps its rows' split."""
     if task in list_workloads():
         w = get_workload(task)
-        return w.mode, w.target
-    return ("min" if "loss" in metric else "max"), None
+        return w.mode, w.target, w.split
+    return ("min" if "loss" in metric else "max"), None, split
 
 
 def _group(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -37,8 +39,9 @@ def _group(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[st
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per ``(task, method)``: the median time to target over seeds (a run that missed counts as infinitely slow,
     so the median is ``None`` when most missed), min and max of the runs that reached it, how many did, the median
-    ``quality`` (the metric at the end of the run) and ``ratio`` = baseline median / method median (> 1: sooner),
-    with ``ratio_min`` / ``ratio_max`` over the seeds both reached the target in.
+    ``quality`` (the metric at the end of the run) and ``ratio`` = the baseline's median over the seeds the method
+    ran / the method's median (> 1: sooner), with ``ratio_min`` / ``ratio_max`` over the seeds both reached the
+    target in.
 
     Example::
 
@@ -56,19 +59,17 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         med = median([math.inf if t is None else t for t in times])
         qualities = [r["quality"] for r in group if r["quality"] is not None]
         metric = group[0]["metric"]
-        mode, target = _mode_target(task, metric)
+        mode, target, split = _mode_target_split(task, metric, group[0]["split"])
         out.append({
-            "task": task, "kind": group[0]["kind"], "split": group[0]["split"], "method": method, "metric": metric,
+            "task": task, "kind": group[0]["kind"], "split": split, "method": method, "metric": metric,
             "mode": mode, "target": target, "n": len(group), "reached": len(reached),
             "median_s": med if math.isfinite(med) else None,
             "min_s": min(reached) if reached else None, "max_s": max(reached) if reached else None,
             "quality": median(qualities) if qualities else None,
             "trial_s": median([float(r.get("trial_s") or 0.0) for r in group]),
         })  # fmt: skip
-    base = {s["task"]: s for s in out if s["method"] == "baseline"}
     for s in out:
-        b = base.get(s["task"])
-        s["ratio"] = b["median_s"] / s["median_s"] if b and b["median_s"] and s["median_s"] else None
+        _same_seed_baseline(s, groups)
         seed_times = {m: {r["seed"]: r["time_to_target_s"] for r in groups[(s["task"], m)]}
                       for m in (s["method"], "baseline") if (s["task"], m) in groups}  # fmt: skip
         per_seed = [seed_times["baseline"][k] / t for k, t in seed_times.get(s["method"], {}).items()
@@ -77,16 +78,31 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _same_seed_baseline(s: dict[str, Any], groups: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+    """``s["ratio"]``, ``s["base_median_s"]`` and ``s["base_quality"]``: the baseline over the seeds ``s``'s method
+    ran (a one-seed check is compared with the baseline of that seed, not with the median of three)."""
+    seeds = {r["seed"] for r in groups[(s["task"], s["method"])]}
+    base_rows = [r for r in groups.get((s["task"], "baseline"), []) if r["seed"] in seeds]
+    med = median([math.inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in base_rows]) \
+        if base_rows else math.inf  # fmt: skip
+    qualities = [r["quality"] for r in base_rows if r["quality"] is not None]
+    s["base_median_s"] = med if math.isfinite(med) else None
+    s["base_quality"] = median(qualities) if qualities else None
+    s["ratio"] = s["base_median_s"] / s["median_s"] if s["base_median_s"] and s["median_s"] else None
+
+
 def does_not_help(s: dict[str, Any], base: dict[str, Any]) -> str | None:
-    """Why a method does not help against the baseline's summary ``base`` (``None`` when it does)."""
+    """Why a method does not help against the baseline (``None`` when it does): the baseline over the method's own
+    seeds where ``s`` has it (``base_median_s``, ``base_quality``), else the baseline's summary ``base``."""
+    base_s, base_q = s.get("base_median_s", base["median_s"]), s.get("base_quality", base["quality"])
     if s["ratio"] is not None and s["ratio"] < 1.0:
         return f"slower ({s['ratio']:.2f}x)"
-    if s["median_s"] is None and base["median_s"] is not None:
+    if s["median_s"] is None and base_s is not None:
         return "target missed"
-    if s["quality"] is not None and base["quality"] is not None:
-        worse = base["quality"] - s["quality"] if s["mode"] == "max" else s["quality"] - base["quality"]
+    if s["quality"] is not None and base_q is not None:
+        worse = base_q - s["quality"] if s["mode"] == "max" else s["quality"] - base_q
         if worse > (ACC_TOLERANCE if s["mode"] == "max" else LOSS_TOLERANCE):
-            return f"worse end ({s['quality']:.3g} vs {base['quality']:.3g})"
+            return f"worse end ({s['quality']:.3g} vs {base_q:.3g})"
     return None
 
 
@@ -137,8 +153,8 @@ def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     lines += ["", "Times: median over seeds of the training seconds to the target (validation not counted), the "
-              "method's trials or probe included; ratio = baseline median / method median. n/a: no row (fast_train "
-              "applies to SpeedupMixin models only)."]  # fmt: skip
+              "method's trials or probe included; ratio = the baseline's median over the method's seeds / the "
+              "method's median. n/a: no row (fast_train applies to SpeedupMixin models only)."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -187,6 +187,18 @@ def test_workloads_bench_summarize_medians_and_ratios() -> None:
     assert "autotune_cached: target missed" in line
 
 
+def test_workloads_summary_compares_a_one_seed_method_with_that_seed() -> None:
+    runs = [("baseline", 0, 10.0, 0.80), ("baseline", 1, 20.0, 0.90), ("baseline", 2, 30.0, 0.90),
+            ("advisor_top", 0, 10.0, 0.80)]  # fmt: skip
+    rows = [dict(task="t", kind="tabular", split="dev", method=m, seed=s, time_to_target_s=t, quality=q,
+                 metric="val_acc", trial_s=0.0) for m, s, t, q in runs]  # fmt: skip
+    base, top = wb.summarize(rows)
+    assert base["ratio"] == 1.0 and base["median_s"] == 20.0
+    # seed 0 only: against seed 0's baseline (1.00x, same end), not the three seeds' median (2.00x, 0.1 worse)
+    assert top["ratio"] == 1.0 and top["base_median_s"] == 10.0 and top["base_quality"] == 0.80
+    assert does_not_help(top, base) is None
+
+
 def test_workloads_bench_does_not_help_on_accuracy() -> None:
     base = {"ratio": 1.0, "median_s": 10.0, "quality": 0.90, "mode": "max"}
     assert does_not_help({**base, "ratio": 0.8, "median_s": 12.5}, base) == "slower (0.80x)"
@@ -255,19 +267,25 @@ def test_workloads_advisor_fix_for_skips_code_changes_and_measure_first() -> Non
     finding, skipped = fix_for(findings)
     assert finding is findings[2] and skipped == ["data_bound", "not_compiled"]
     assert fix_for(findings[:2]) == (None, ["data_bound", "not_compiled"])
+    # measured, no gain on this machine ("skip it"): the report ranks it last with score 0, and nobody applies it
+    no_gain = {"key": "channels_last", "fix": "`ChannelsLast()` callback", "severity": "info", "score": 0.0}
+    assert fix_for([no_gain, findings[3]]) == (findings[3], ["channels_last"])
     callbacks, overrides = FIXES["fp32_on_bf16_cpu"]()
     assert (callbacks, overrides) == ([], {"precision": "bf16-mixed"})
     assert type(FIXES["not_compiled"]()[0][0]).__name__ == "TorchCompile"
 
 
 def test_workloads_bench_advisor_top_applies_the_first_fix(fake: _FakeTrainer, monkeypatch) -> None:
-    findings = {0: [{"key": "num_workers_zero", "fix": "DataLoader `num_workers` > 0"},
-                    {"key": "channels_last", "fix": "`ChannelsLast()` callback"}],
-                1: [{"key": "num_workers_zero", "fix": "DataLoader `num_workers` > 0"}]}  # fmt: skip
+    findings = {0: [{"key": "num_workers_zero", "title": "t", "fix": "DataLoader `num_workers` > 0"},
+                    {"key": "channels_last", "title": "NCHW layout", "fix": "`ChannelsLast()` callback"}],
+                1: [{"key": "num_workers_zero", "title": "t", "fix": "DataLoader `num_workers` > 0"}]}  # fmt: skip
     monkeypatch.setattr(wb, "advisor_findings", lambda w, seed, small, no_bf16: (findings[seed], 3.0))
     assert "advisor_top" not in wb.METHODS  # only when named
     rows = wb.run_suite(["tiny"], methods=("advisor_top",), seeds=(0, 1), echo=False)
-    assert [(r["method"], r["seed"], r["trial_s"]) for r in rows] == [("advisor_top", 0, 0.0)]  # seed 1: nothing
-    assert rows[0]["notes"].startswith("applied: channels_last") and "num_workers_zero" in rows[0]["notes"]
+    assert [(r["method"], r["seed"], r["trial_s"]) for r in rows] == [("advisor_top", 0, 0.0), ("advisor_top", 1, 0.0)]
+    assert rows[0]["notes"].startswith("applied: channels_last: NCHW layout") and "num_workers_zero" in rows[0]["notes"]
     assert "took 3.0 s" in rows[0]["notes"]
     assert [type(c).__name__ for c in fake.calls[0]["callbacks"]] == ["ChannelsLast"]
+    # seed 1: nothing to apply, so the user's run is the baseline again (its spread against the baseline is noise)
+    assert rows[1]["notes"].startswith("nothing applied: the advisor's findings (num_workers_zero)")
+    assert [type(c).__name__ for c in fake.calls[1]["callbacks"]] == []

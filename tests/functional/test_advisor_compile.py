@@ -129,3 +129,58 @@ def test_advisor_compile_probe_failure_is_recorded():
     failed = compile_speedup(nn.Linear(8, 2), torch.randn(4, 9))  # wrong input width: the step raises
     assert failed.compile_s is None and failed.speedup is None
     assert failed.error.startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+
+
+def test_advisor_compile_counts_every_graph_the_run_compiles():
+    # the same 10 s compile and 2x step: a run that also validates and ends epochs on a smaller batch compiles three
+    # graphs, so it pays back after 600 steps, past the 500 planned: no finding (applying it would slow the run)
+    one = _m(compile_s=10.0, compile_speedup=2.0, planned_steps=500)
+    three = _m(compile_s=10.0, compile_speedup=2.0, planned_steps=500,
+               compile_graphs=["training", "last smaller training batch", "validation"])  # fmt: skip
+    assert one.compile_total_s == pytest.approx(10.0) and three.compile_total_s == pytest.approx(30.0)
+    assert three.compile_payback_steps == pytest.approx(600.0)
+    assert _compile(one) is not None and _compile(three) is None
+    f = _compile(_m(compile_s=10.0, compile_speedup=2.0, planned_steps=5000, compile_graphs=["training", "validation"]))
+    assert "pays back after 400 steps" in f.title
+    assert "2 graphs (training, validation), about 20.0 s" in f.expected
+    assert f.evidence["compile_graphs"] == ["training", "validation"]
+
+
+def test_advisor_compile_graphs_read_off_the_trainer():
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_speedups.callbacks.advisor.facts import compile_graphs
+
+    class Plain(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", nn.functional.cross_entropy(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    seen: dict[str, list[str]] = {}
+
+    class Read(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            seen.setdefault("graphs", compile_graphs(trainer, pl_module))
+
+    data = TensorDataset(torch.randn(10, 4), torch.randint(0, 2, (10,)))
+
+    def fit(loader: DataLoader, **kw) -> list[str]:
+        seen.clear()
+        trainer = L.Trainer(max_epochs=1, callbacks=[Read()], logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, **kw)  # fmt: skip
+        trainer.fit(Plain(), loader, DataLoader(data, batch_size=5))
+        return seen["graphs"]
+
+    assert fit(DataLoader(data, batch_size=4)) == ["training", "last smaller training batch", "validation"]
+    assert fit(DataLoader(data, batch_size=4, drop_last=True), limit_val_batches=0) == ["training"]
+    assert fit(DataLoader(data, batch_size=4), max_steps=1) == ["training", "validation"]  # stops before the end

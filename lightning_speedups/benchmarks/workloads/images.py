@@ -1,6 +1,7 @@
-"""Image workloads: the demo digits and shapes with a small CNN, and a torchvision ResNet-18 on generated textures.
+"""Image workloads: the demo digits and shapes with a small CNN, torchvision's ResNet-18 on generated textures and a
+small torchvision Vision Transformer on the shapes.
 
-Every module is a plain ``L.LightningModule`` with its own ``configure_optimizers`` (Adam, lr 1e-3) and every loader
+Every module is a plain ``L.LightningModule`` with its own ``configure_optimizers`` (Adam or AdamW) and every loader
 a plain ``DataLoader`` over per-sample torchvision v2 transforms: the baseline a speedup technique has to beat.
 """
 
@@ -29,9 +30,9 @@ class ImageClassifier(L.LightningModule):
     Logs ``train_loss``, ``val_loss`` and ``val_acc`` (the workloads' metric).
     """
 
-    def __init__(self, net: nn.Module, num_classes: int = 10, lr: float = 1e-3) -> None:
+    def __init__(self, net: nn.Module, num_classes: int = 10, lr: float = 1e-3, weight_decay: float = 0.0) -> None:
         super().__init__()
-        self.net, self.lr = net, lr
+        self.net, self.lr, self.weight_decay = net, lr, weight_decay
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +52,8 @@ class ImageClassifier(L.LightningModule):
         self.log("val_acc", self.val_acc, on_step=False, on_epoch=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.weight_decay:  # decoupled weight decay, as transformers are trained
+            return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
@@ -164,6 +167,17 @@ def _build_resnet18(seed: int, small: bool = False) -> tuple[L.LightningModule, 
     return ImageClassifier(resnet18(weights=None, num_classes=10)), dm
 
 
+def _build_vit(seed: int, small: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(seed)
+    n_train, n_val = (256, 128) if small else (4096, 1024)
+    dm = ShapesDataModule(n_train=n_train, n_val=n_val, batch_size=64, seed=seed, noise=0.3)
+    net = VisionTransformer(image_size=32, patch_size=4, num_layers=4, num_heads=4, hidden_dim=128, mlp_dim=256,
+                            num_classes=10)  # fmt: skip
+    return ImageClassifier(net, lr=1e-3, weight_decay=0.05), dm
+
+
 register_workload(
     Workload(
         name="digits",
@@ -210,5 +224,24 @@ register_workload(
         max_epochs=4,
         reference_s=85.0,
         val_check_interval=0.25,
+    )
+)
+register_workload(
+    Workload(
+        name="vit_shapes",
+        kind="image_transformer",
+        split="held_out",
+        metric="val_acc",
+        mode="max",
+        target=0.9,
+        description="torchvision VisionTransformer (32 px, patch 4, 4 layers, 4 heads, width 128, MLP 256) on the "
+        "generated shapes with pixel noise 0.3 (4096 train / 1024 val, pad-4 crop + flip per sample), AdamW 1e-3 "
+        "with weight decay 0.05, batch 64. Measured (seed 0, Intel Xeon with AMX, 2 cores, quiet): 0.56/0.80/0.89/"
+        "0.93/0.93 at steps 32/128/224/288/384, first >= 0.90 after 65 s of training; checks swing +-0.03. Added "
+        "held out when the MLP became a dev task.",
+        build=_build_vit,
+        max_epochs=6,
+        val_check_interval=0.5,
+        reference_s=65.0,
     )
 )

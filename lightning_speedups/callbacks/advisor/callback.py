@@ -18,6 +18,7 @@ from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._tokens import TokenCounter
 from lightning_speedups.callbacks.advisor.facts import (
     checksum,
+    compile_graphs,
     compile_note,
     fill_device_facts,
     fill_loader_facts,
@@ -72,7 +73,8 @@ class SpeedAdvisor(Callback):
         probe_compile: with ``measure_effects``, time ``torch.compile`` on a copy of the model (one compile, then a
             few interleaved eager / compiled steps), only when the model is compute-bound, eager, and the planned run
             is long enough to pay a compile back at all. The ``not_compiled`` finding then says after how many steps
-            compiling pays back, and is left out where it does not pay back within the planned run. The compile
+            compiling pays back (every graph the run compiles counted at the measured cost: the validation forward,
+            a smaller last batch), and is left out where it does not pay back within the planned run. The compile
             itself takes seconds to tens of seconds on a CPU: ``False`` for a short diagnostic run.
 
     Example::
@@ -312,6 +314,7 @@ class SpeedAdvisor(Callback):
             type(x).__name__ == "OptimizedModule" for x in pl_module.modules()
         )
         m.planned_steps = planned_steps(trainer)
+        m.compile_graphs = compile_graphs(trainer, pl_module)
         m.has_conv, m.conv_channels_last = memory_format_ok(pl_module)
         fill_device_facts(m, pl_module.device, self._cuda, self._rss_peak, notes)
         fill_loader_facts(m, trainer.train_dataloader)

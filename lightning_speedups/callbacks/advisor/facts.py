@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
@@ -26,6 +27,7 @@ from lightning_speedups.measure import cpu_model
 
 __all__ = [
     "checksum",
+    "compile_graphs",
     "compile_note",
     "fill_device_facts",
     "fill_loader_facts",
@@ -168,6 +170,43 @@ def planned_steps(trainer: L.Trainer) -> int | None:
     return int(n) * accumulate if math.isfinite(n) and n > 0 else None
 
 
+def compile_graphs(trainer: L.Trainer, module: L.LightningModule) -> list[str]:
+    """The graphs ``TorchCompile()`` would compile in this run: the training step's; the validation forward's when
+    the run validates (eval mode is a new graph); one more when the training loader ends an epoch the run reaches on
+    a smaller batch (a new shape: a recompile). A validation batch of another size is compiled with that graph."""
+    graphs = ["training"]
+    try:
+        validates = trainer.limit_val_batches != 0 and is_overridden("validation_step", module)
+        partial = _ends_smaller(trainer.train_dataloader)
+        planned, per_epoch = planned_steps(trainer), _loader_len(trainer.train_dataloader)
+        reaches_end = planned is None or not per_epoch or planned >= per_epoch
+    except Exception:  # noqa: BLE001 - an unusual loader or trainer: count the training graph only
+        return graphs
+    if partial and reaches_end:
+        graphs.append("last smaller training batch")
+    if validates:
+        graphs.append("validation")
+    return graphs
+
+
+def _loader_len(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _ends_smaller(loader: Any) -> bool:
+    """Whether a plain DataLoader ends its epoch on a smaller batch (``False`` for anything else)."""
+    batch_size, dataset = getattr(loader, "batch_size", None), getattr(loader, "dataset", None)
+    if not isinstance(batch_size, int) or dataset is None or getattr(loader, "drop_last", False):
+        return False
+    try:
+        return len(dataset) % batch_size != 0
+    except TypeError:
+        return False
+
+
 def _training_step_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """The loss of ``model.training_step(batch, 0)`` on a copy (no Trainer there: ``self.log`` only warns)."""
     with warnings.catch_warnings():
@@ -219,7 +258,10 @@ def compile_note(m: Measurements, findings: Iterable[Finding]) -> str | None:
     payback, s = m.compile_payback_steps, m.compile_speedup
     if payback is None or s is None or any(f.key == "not_compiled" for f in findings):
         return None
-    head = f"torch.compile measured on a copy: {m.compile_s:.1f} s to compile, compiled step {float(s):.2f}x"
+    head = (
+        f"torch.compile measured on a copy: {m.compile_s:.1f} s to compile, compiled step {float(s):.2f}x; the run "
+        f"would compile {len(m.compile_graphs)} graph(s) ({', '.join(m.compile_graphs)})"
+    )
     if not math.isfinite(payback):
         return f"{head}, not faster: compiling would only add its compile time, so it is not suggested"
     return (

@@ -84,7 +84,8 @@ class Measurements:
     timed batches (both 0 when the batches hold no token sequences). ``planned_steps`` is the run's planned training
     batches (``None`` when unbounded or unknown); ``compile_s`` / ``compile_speedup`` / ``compile_eager_s`` are the
     compile probe's compile seconds, eager / compiled step-time ratio and eager step on the copy (``None`` when not
-    measured, and ``compile_note`` says why).
+    measured, and ``compile_note`` says why). ``compile_graphs`` names the graphs a compiled run compiles (the
+    training step's, the validation forward's, one per further batch shape), each priced at the measured compile.
     """
 
     device_type: str = "cpu"
@@ -129,6 +130,7 @@ class Measurements:
     compile_speedup: float | None = None
     compile_eager_s: float | None = None
     compile_note: str = ""
+    compile_graphs: list[str] = field(default_factory=lambda: ["training"])
 
     # ---- derived numbers -------------------------------------------------------------------------------------
     @staticmethod
@@ -211,25 +213,33 @@ class Measurements:
         return eager * (1.0 - 1.0 / s)
 
     @property
+    def compile_total_s(self) -> float | None:
+        """Seconds the run spends compiling: the measured compile once per graph in :attr:`compile_graphs`.
+
+        The probe times the training step's graphs (forward and backward); a forward-only validation graph compiles
+        faster, a recompile for a new batch shape (dynamic shapes) slower, so each is priced at the measured one."""
+        return None if self.compile_s is None else self.compile_s * max(1, len(self.compile_graphs))
+
+    @property
     def compile_payback_steps(self) -> float | None:
-        """Steps after which the compile time is paid back, ``compile_s / saving per step``.
+        """Steps after which the run's compile time is paid back, ``compile_total_s / saving per step``.
 
         It is ``math.inf`` when the compiled step is not faster; ``None`` when compile was not measured."""
-        saving = self.compile_saving_s
-        if saving is None or self.compile_s is None:
+        saving, total = self.compile_saving_s, self.compile_total_s
+        if saving is None or total is None:
             return None
-        return math.inf if saving <= 0 else self.compile_s / saving
+        return math.inf if saving <= 0 else total / saving
 
     @property
     def compile_net_share(self) -> float | None:
         """Share of the planned run's compute that compiling saves, net of the compile, negative when the run slows.
 
-        It is ``(planned x eager - compile_s - planned x compiled) / (planned x eager)`` with the run's mean compute as
-        the eager step; ``None`` when compile was not measured or the run length is unknown."""
-        saving, n, c = self.compile_saving_s, self.planned_steps, self.compute_s
-        if saving is None or self.compile_s is None or not n or not c:
+        It is ``(planned x eager - compile_total_s - planned x compiled) / (planned x eager)`` with the run's mean
+        compute as the eager step; ``None`` when compile was not measured or the run length is unknown."""
+        saving, n, c, total = self.compile_saving_s, self.planned_steps, self.compute_s, self.compile_total_s
+        if saving is None or total is None or not n or not c:
             return None
-        return min(1.0, (n * saving - self.compile_s) / (n * c))
+        return min(1.0, (n * saving - total) / (n * c))
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers as a flat dict (used by the report and the loggers)."""
@@ -257,6 +267,7 @@ class Measurements:
             "pad_fraction": self.pad_fraction,
             "planned_steps": self.planned_steps,
             "compile_s": self.compile_s,
+            "compile_graphs": list(self.compile_graphs),
             "compile_speedup": None if self.compile_speedup is None else float(self.compile_speedup),
             "compile_payback_steps": _finite(self.compile_payback_steps),
         }
@@ -272,7 +283,9 @@ class Finding:
     """One diagnosis: what is slow, the numbers that show it, and this library's fix (built by keyword).
 
     ``score`` is the estimated share of step time the fix saves (0..1; ranking key); ``measured`` says whether the
-    expected effect comes from a micro-measurement on this machine (True) or from a rule of thumb (False).
+    expected effect comes from a micro-measurement on this machine (True) or from a rule of thumb (False). A ``fix``
+    that starts with ``"Measure first:"`` names a measurement to run before changing anything (the effect on this run
+    is unknown, or a gain per step may not be a gain in time to accuracy).
     """
 
     key: str
