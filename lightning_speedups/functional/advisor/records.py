@@ -214,7 +214,7 @@ class Measurements:
 
     @property
     def compile_total_s(self) -> float | None:
-        """Seconds the run spends compiling: the measured compile once per graph in :attr:`compile_graphs`.
+        """Seconds the run spends compiling, the measured compile once per graph in ``compile_graphs``.
 
         The probe times the training step's graphs (forward and backward); a forward-only validation graph compiles
         faster, a recompile for a new batch shape (dynamic shapes) slower, so each is priced at the measured one."""
