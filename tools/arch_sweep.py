@@ -7,6 +7,7 @@ Usage::
     python tools/arch_sweep.py ... --families hf seq           # hf, seq, torchvision, timm
     python tools/arch_sweep.py ... --techniques pruning qat    # zoo technique names (default: every non-combo one)
     python tools/arch_sweep.py ... --sample                    # the CI sample (tests/zoo/test_arch_sweep_sample.py)
+    python tools/arch_sweep.py ... --smallest-first            # rows in order of parameter count (a partial sweep)
     python tools/arch_sweep.py --md docs/_generated/arch_sweep.md --out ... --table-only   # re-render the table
 
 Rows come from ``tools/arch_sweep_models.py``; columns are the zoo's techniques (``tests/zoo/techniques.py``: every
@@ -363,7 +364,10 @@ def select_rows(args: argparse.Namespace) -> list[Any]:
     cache = args.out.with_name("arch_sweep_timm_plan.json") if "timm" in args.families else None
     rows = all_rows(tuple(args.families), cache)
     i, n = (int(v) for v in args.chunk.split("/"))
-    return [r for k, r in enumerate(rows) if k % n == i - 1]
+    rows = [r for k, r in enumerate(rows) if k % n == i - 1]
+    if args.smallest_first:  # a partial sweep covers the most families per hour (unknown sizes last)
+        rows.sort(key=lambda r: (r.params is None, r.params or 0, r.name))
+    return rows
 
 
 def techniques_for(row: Any, args: argparse.Namespace) -> list[str]:
@@ -384,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--techniques", nargs="+", default=[])
     p.add_argument("--rows", nargs="+", default=[], help="only these rows (names as in the table)")
     p.add_argument("--sample", action="store_true", help="the CI sample cells only")
+    p.add_argument("--smallest-first", action="store_true", help="run the rows in order of parameter count")
     p.add_argument("--max-params", type=float, default=40e6, help="rows above it are skipped (0: no limit)")
     p.add_argument("--cell-timeout", type=float, default=600.0)
     p.add_argument("--max-rss-mb", type=float, default=6000.0)

@@ -114,6 +114,7 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads.json": ("workloads", "Held-out and dev tasks", _workloads_rows),
     "workloads_no_bf16.json": ("workloads", "With `no_bf16=True` (`--no-bf16`): the fp32 path", _workloads_rows),
     "workloads_amx.json": ("workloads", "On a CPU with AMX bf16 units", _workloads_rows),
+    "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
     "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
                               _batch_size_suite_rows),
     "autotune_reach.json": ("autotune", "What the default trial budget reaches, per workload", _autotune_reach_rows),

@@ -88,3 +88,22 @@ def test_a_reload_is_compared_in_the_trained_models_memory_format():
     assert fresh[0].weight.is_contiguous()
     _same_memory_format(fresh, trained)
     assert fresh[0].weight.is_contiguous(memory_format=torch.channels_last) and not fresh[0].weight.is_contiguous()
+
+
+def test_smallest_first_orders_a_chunk_by_parameter_count(monkeypatch):
+    """``--smallest-first`` runs a chunk's rows from the fewest parameters up, rows of unknown size last."""
+    import tools.arch_sweep_models as models
+    from tools.arch_sweep import select_rows
+
+    rows = [models.Row(name, "seq", "series", lambda size: torch.nn.Identity(), name, params=n)
+            for name, n in (("big", 9_000), ("unknown", None), ("small", 10), ("mid", 500))]  # fmt: skip
+    monkeypatch.setattr(models, "all_rows", lambda families, cache: rows)
+
+    class Args:
+        sample, families, chunk, smallest_first = False, ["seq"], "1/1", True
+
+    assert [r.name for r in select_rows(Args)] == ["small", "mid", "big", "unknown"]
+    Args.smallest_first = False
+    assert [r.name for r in select_rows(Args)] == ["big", "unknown", "small", "mid"]
+    Args.chunk = "2/2"
+    assert [r.name for r in select_rows(Args)] == ["unknown", "mid"]
