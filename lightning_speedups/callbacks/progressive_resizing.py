@@ -112,7 +112,9 @@ class ProgressiveResizing(Callback):
     ``fit`` start the callback runs ``example_input_array`` (or two samples of the first batch) at the smallest size
     the way a training step does (train mode, with gradients, so training-only branches such as an auxiliary head
     run too; BatchNorm statistics and the RNG are restored) and refuses a model that fails, naming the size, the
-    module that failed and the smallest scale that runs. Per-pixel targets (segmentation masks) are resized with the
+    module that failed and the smallest scale that runs. Then each side the schedule trains at between the smallest
+    and the full size runs once too: a patch embedding that needs sides divisible by its patch refuses there, with
+    the ``size_increment`` that runs. Per-pixel targets (segmentation masks) are resized with the
     images, by nearest neighbour.
 
     Resume: the scale is a function of ``global_step``, which the checkpoint restores, so a resumed run sees the same
@@ -200,7 +202,8 @@ class ProgressiveResizing(Callback):
         )
 
     def _check_small_input(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Refuse, before any step, a run with nothing to resize or a model that fails at the smallest size.
+        """Refuse, before any step, a run with nothing to resize or a model that fails at a size of the schedule (the
+        smallest, then each side between it and the full size).
 
         The smallest size runs the way a training step will: train mode, with gradients, so branches that only run in
         training (Inception's auxiliary classifier) are checked too; the model is left exactly as it was.
@@ -226,6 +229,7 @@ class ProgressiveResizing(Callback):
             return  # the full-size batch does not run through forward alone either: nothing to compare against
         failure = self._train_error_at(pl_module, batch, runs_full, self.initial_scale)
         if failure is None:
+            self._check_schedule_sides(pl_module, batch, runs_full, images[0].shape[-2])
             return
         error, where, shape = failure
         lowest = self._lowest_working_scale(pl_module, batch, runs_full, images[0].shape[-2])
@@ -235,6 +239,45 @@ class ProgressiveResizing(Callback):
             f"Allowed values: an `initial_scale` whose images the model accepts in training{lowest}. HINT: pool "
             "globally (nn.AdaptiveAvgPool2d) before the classifier and any training-only (auxiliary) head, or raise "
             "initial_scale."
+        )
+
+    def _schedule_scales(self, side: int) -> dict[int, float]:
+        """The sides the schedule trains at between its smallest and full size, each with a scale that gives it."""
+        inc, total = self.size_increment, self._total or 0
+        if 0 < total <= 20_000:  # the sides of this run's steps
+            found = {scaled_side(side, self.scale_at(step), inc): self.scale_at(step) for step in range(total)}
+        else:  # a long run's ramp passes every multiple of the increment
+            start = scaled_side(side, self.initial_scale, inc)
+            found = {k: k / side for k in range(start, side, inc)}
+        smallest = scaled_side(side, self.initial_scale, inc)
+        return {k: v for k, v in sorted(found.items()) if smallest < k < side}
+
+    def _check_schedule_sides(self, pl_module: L.LightningModule, batch: Any, runs_full: Any, side: int) -> None:
+        """Refuse a model that runs at the smallest and full size but not at a size in between (a patch embedding
+        or a stride that needs sides of a multiple of 16, say), naming those sizes and an increment that avoids them."""
+        failed: list[tuple[int, tuple[str, str, tuple[int, int]]]] = []
+        runs = [side, scaled_side(side, self.initial_scale, self.size_increment)]
+        for k, scale in self._schedule_scales(side).items():
+            failure = self._train_error_at(pl_module, batch, runs_full, scale)
+            if failure is None:
+                runs.append(k)
+            else:
+                failed.append((k, failure))
+        if not failed:
+            return
+        error, where, _ = failed[0][1]
+        step = math.gcd(*runs)
+        hint = (
+            f"size_increment={step} (every side that runs here is a multiple of {step}: a patch size or stride)"
+            if step > self.size_increment
+            else "a larger initial_scale, or a model that pools globally before its classifier"
+        )
+        sides, working = ", ".join(str(k) for k, _ in failed), ", ".join(str(k) for k in sorted(set(runs)))
+        raise SpeedupConfigError(
+            f"ProgressiveResizing: `{type(pl_module).__name__}` fails in training mode on sides {sides}, sizes this "
+            f"schedule trains at (`size_increment`={self.size_increment}, `initial_scale`={self.initial_scale}), in "
+            f"{where}: {error.rstrip('.')}. Sides that run: {working}. Allowed values: a `size_increment` whose "
+            f"multiples the model accepts. HINT: {hint}."
         )
 
     def _train_error_at(

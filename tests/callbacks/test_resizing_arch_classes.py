@@ -1,6 +1,7 @@
 """ProgressiveResizing on architecture classes beyond plain classifiers (issue 26).
 
 - training-only branches (Inception's auxiliary classifier): the smallest size is checked in train mode;
+- patch embeddings (vision transformers): every side of the schedule is checked, not only the smallest;
 - segmentation (dict outputs, per-pixel targets): masks are resized with the images, by nearest neighbour.
 """
 
@@ -104,6 +105,40 @@ def test_resizing_refuses_inception_v3_aux_logits():
                        r"`net\.AuxLogits\.conv1\.conv` \(Conv2d\).*Kernel size can't be greater"):  # fmt: skip
         trainer.fit(model, DataLoader(_Pairs(299, n=2), batch_size=2))
     assert model.steps == 0
+
+
+# ---------------------------------------------------------------------------------------------------- patch sizes
+class PatchNet(nn.Module):
+    """A vision transformer's stem in miniature: 8x8 patches, and timm's check that the sides divide by the patch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 8, 8, stride=8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        torch._assert(x.shape[-2] % 8 == 0, f"Input height ({x.shape[-2]}) should be divisible by patch size (8).")
+        out = self.fc(self.patch(x).flatten(2).mean(2))
+        return out, out  # (logits, aux): AuxModule's loss
+
+
+def test_resizing_checks_every_side_of_the_schedule():
+    """The smallest (16) and full (32) sides run, 20 and 28 (on the 40-step ramp) do not: refused before any step,
+    with the increment that works; with it, the run trains at 16, 24 and 32."""
+    model = AuxModule(PatchNet())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = quiet_trainer(max_steps=40, limit_val_batches=0, callbacks=[ProgressiveResizing(initial_scale=0.5)])
+    with pytest.raises(SpeedupConfigError, match=r"fails in training mode on sides 20, 28.*`size_increment`=4") as err:
+        trainer.fit(model, DataLoader(_Pairs(32), batch_size=4))
+    msg = str(err.value)
+    assert "divisible by patch size" in msg and "Sides that run: 16, 24, 32" in msg and "size_increment=8" in msg
+    assert model.steps == 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    cb = ProgressiveResizing(initial_scale=0.5, size_increment=8)
+    trainer = quiet_trainer(max_steps=8, limit_val_batches=0, callbacks=[cb])
+    trainer.fit(model, DataLoader(_Pairs(32, n=32), batch_size=4))
+    assert model.steps == 8 and set(cb.sizes) >= {"16x16", "32x32"}
 
 
 # ---------------------------------------------------------------------------------------------------- segmentation
