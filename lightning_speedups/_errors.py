@@ -113,8 +113,15 @@ def check_range(
             + f"{lo}, {hi}"
             + ("]" if high_inclusive and high is not None else ")")
         )
-        raise _fail(name, value, "is out of range", f"a number in {interval}", hint)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        what = "is out of range" if number else f"is not a number{_type_words(value)}"
+        raise _fail(name, value, what, f"a number in {interval}", hint)
     return value
+
+
+def _type_words(value: Any) -> str:
+    """`` (a str)`` after "is not a number", so a wrong type does not read as a number out of range."""
+    return "" if value is None else f" (a {type(value).__name__})"
 
 
 def _int_bounds(low: int | None, high: int | None) -> str:
@@ -167,7 +174,9 @@ def check_int(
     ok = ok and (low is None or value >= low) and (high is None or value <= high)
     if not ok:
         allowed = _int_bounds(low, high)
-        raise _fail(name, value, "is out of range", f"{allowed} or None" if optional else allowed, hint)
+        integer = isinstance(value, Integral) and not isinstance(value, bool)
+        what = "is out of range" if integer else f"is not an integer{_type_words(value)}"
+        raise _fail(name, value, what, f"{allowed} or None" if optional else allowed, hint)
     return value
 
 

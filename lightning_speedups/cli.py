@@ -22,8 +22,13 @@ def _version(dist: str) -> str:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     import lightning_speedups as ls
-    from lightning_speedups.measure import machine_info
-    from lightning_speedups.settings import cpu_bf16_speed_ratio, enable_speed_flags, explain_trainer_settings
+    from lightning_speedups.measure import describe_ratio, machine_info
+    from lightning_speedups.settings import (
+        bf16_ratio_words,
+        cpu_bf16_speed_ratio,
+        enable_speed_flags,
+        explain_trainer_settings,
+    )
 
     print(f"lightning-speedups {ls.__version__} on Python {platform.python_version()} ({platform.platform()})")
     print("\nPackages:")
@@ -37,7 +42,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"  peak {dtype:<9} {ls.device_peak_flops('cpu', dtype).describe()}")
     if machine["device"] != "cpu":
         print(f"  gpu peak bf16  {ls.device_peak_flops('cuda', 'bf16').describe()}")
-    print(f"  bf16 on cpu    training step {cpu_bf16_speed_ratio():.2f}x the speed of fp32 (measured now)")
+    ratio = cpu_bf16_speed_ratio()
+    evidence = f"; {describe_ratio(ratio)}" if describe_ratio(ratio) else ""
+    print(f"  bf16 on cpu    a training step {bf16_ratio_words(ratio)} (measured now{evidence})")
     print("\nTrainer settings it would pick (trainer_settings()):")
     print("  " + explain_trainer_settings().explain().replace("\n", "\n  "))
     print("\nSpeed flags (enable_speed_flags()):")
@@ -93,7 +100,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"torch {machine['torch']}, device {machine['device']}. Mode: {'quick' if args.quick else 'full'}."
     )
     rows, errors = run_benchmarks(
-        quick=args.quick, only=_split(args.only), skip=_split(args.skip), target=args.target_accuracy,
+        quick=args.quick,
+        only=_split(args.only),
+        skip=_split(args.skip),
+        target=args.target_accuracy,
         no_bf16=args.no_bf16,
     )
     end_to_end, components = split_rows(rows)

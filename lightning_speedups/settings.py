@@ -267,9 +267,7 @@ def _resolve_precision(precision: str, accelerator: str, reasons: dict[str, str]
             if cpu_bf16_is_fast():
                 reasons["precision"] = f"a bf16 training step measured {ratio:.2f}x faster than fp32 here{evidence}"
                 return "bf16-mixed"
-            reasons["precision"] = (
-                f"a bf16 training step measured {ratio:.2f}x the speed of fp32 on this CPU{evidence}: keep fp32"
-            )
+            reasons["precision"] = f"a bf16 training step {bf16_ratio_words(ratio)} on this CPU{evidence}: keep fp32"
             return "32-true"
         reasons["precision"] = "fp32 is the safe default on this device"
         return "32-true"
@@ -294,6 +292,15 @@ def _resolve_precision(precision: str, accelerator: str, reasons: dict[str, str]
         return precision
     reasons["precision"] = "asked for"
     return precision
+
+
+def bf16_ratio_words(ratio: float) -> str:
+    """What a measured bf16/fp32 step ratio says: ``"measured 0.42x the speed of fp32"``, or, for a conservative
+    ratio of exactly 1.0 (the interval holds 1, or too few rounds fit), ``"was not measurably faster than fp32"``
+    rather than a "1.00x" that hides the median beside it."""
+    if float(ratio) == 1.0:
+        return "was not measurably faster than fp32"
+    return f"measured {float(ratio):.2f}x the speed of fp32"
 
 
 def explain_trainer_settings(

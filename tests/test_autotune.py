@@ -297,3 +297,21 @@ def test_plan_gain_counts_a_kept_methods_per_step_cost():
     ]
     assert TunePlan(settings={}, choices=choices).gain == pytest.approx(1.125)
     assert TunePlan(settings={}, choices=[]).gain == 1.0
+
+
+def test_a_custom_dataset_is_named_when_the_data_path_is_not_tried(monkeypatch):
+    # a new user's Dataset returned plain tensors; the note said the loader "has per-sample transforms"
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 16
+
+        def __getitem__(self, i: int):  # noqa: ANN204
+            return torch.randn(3, 32, 32), i % 10
+
+    machine = FakeMachine({})
+    _patched(monkeypatch, machine)
+    plan = autotune(DemoClassifier(width=4), DataLoader(Tokens(), batch_size=4), candidates=["data"], methods=[],
+                    cache=False, clock=machine.clock, budget_s=100.0, max_epochs=1)  # fmt: skip
+    (note,) = [n for n in plan.notes if n.startswith("data path not tried")]
+    assert "reads a Tokens, whose per-sample code" in note and "TensorDataset" in note
+    assert "transforms that no device twin" not in note

@@ -3,6 +3,8 @@ keeps only what :meth:`TunePlan.apply` can set for this model and data (issue 23
 
 from __future__ import annotations
 
+import re
+
 import lightning as L
 import pytest
 import torch
@@ -116,6 +118,7 @@ def test_apply_rebuilds_a_plain_dataloader_at_the_planned_batch(monkeypatch):
     plan = autotune(DemoClassifier(width=4), loader, candidates=["batch_size"], methods=[], cache=False,
                     clock=machine.clock, budget_s=2000.0, max_epochs=1)  # fmt: skip
     assert plan.settings["batch_scale"] == 2 and plan.train_dataloaders is None
+    assert re.search(r"batch_size +x2 ", plan.to_text())  # a multiple of the user's batch, not a batch of 2
     model = DemoClassifier(width=4)
     lr = model.optimizer_config.lr
     plan.apply(model, loader)

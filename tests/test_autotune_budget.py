@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 from torch import nn
 
+from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.autotune import autotune
 from lightning_speedups.autotune.budget import Skipped, budget_note
 from lightning_speedups.autotune.trials import COMPARISON_STEPS, MIN_ROUNDS
@@ -116,3 +117,30 @@ def test_the_budget_note_lists_each_candidates_need_when_they_differ():
     assert "trial budget (of 6.00s, 5% of a planned run of about 120.0s; when each came up: batching 4.00s; " \
            "data 1.00s) is below what one decision needs (batching 11.00s; data 3.50s)" in note
     assert "(at least 8.5s to measure data)" in note
+
+
+def test_a_cached_plan_that_skipped_candidates_is_measured_again_with_a_larger_budget(monkeypatch, tmp_path):
+    # a new user followed the note's HINT ("pass a larger `budget_s`") and got the same cached plan back: a plan
+    # whose budget left candidates out is only reused by a call that gives no more time than it had
+    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
+    _patched(monkeypatch, machine)
+    kw = dict(candidates=["precision", "channels_last"], methods=[], cache_dir=tmp_path, clock=machine.clock,
+              max_epochs=1)  # fmt: skip
+    small = autotune(DemoClassifier(width=4), _loader(), budget_s=3.0, **kw)
+    assert any("channels_last not tried: what was left" in n for n in small.notes)
+    assert any("a larger `budget_s` measures again" in n for n in small.notes)
+    same = autotune(DemoClassifier(width=4), _loader(), budget_s=3.0, **kw)
+    assert same.from_cache  # the same budget: the trials are not repeated
+    calls = machine.calls
+    larger = autotune(DemoClassifier(width=4), _loader(), budget_s=60.0, **kw)
+    assert not larger.from_cache and machine.calls > calls
+    assert not any("not tried: what was left" in n for n in larger.notes)
+    assert {c.name for c in larger.choices} == {"precision", "channels_last"}
+    again = autotune(DemoClassifier(width=4), _loader(), budget_s=60.0, **kw)
+    assert again.from_cache  # nothing was skipped: a larger budget would change nothing
+    assert autotune(DemoClassifier(width=4), _loader(), budget_s=600.0, **kw).from_cache
+
+
+def test_candidates_given_as_one_string_are_refused_by_name():
+    with pytest.raises(SpeedupConfigError, match=r"`candidates`='precision' is a string\. Allowed values: a list"):
+        autotune(DemoClassifier(width=4), _loader(), candidates="precision", cache=False)  # type: ignore[arg-type]

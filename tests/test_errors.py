@@ -33,9 +33,19 @@ def test_check_choice_and_range():
         check_choice("mode", "c", ("a", "b"), hint="x")
     assert check_range("amount", 0.5, 0, 1) == 0.5
     with pytest.raises(
-        SpeedupConfigError, match=r"^`amount`=True is out of range. Allowed values: a number in \[0, 1\]\."
+        SpeedupConfigError, match=r"^`amount`=1.5 is out of range. Allowed values: a number in \[0, 1\]\."
     ):
-        check_range("amount", True, 0, 1)
+        check_range("amount", 1.5, 0, 1)
+    # a wrong type is named as one, not as a number out of range
+    for bad, kind in ((True, "bool"), ("0.5", "str")):
+        with pytest.raises(
+            SpeedupConfigError, match=rf"is not a number \(a {kind}\)\. Allowed values: a number in \[0, 1\]"
+        ):
+            check_range("amount", bad, 0, 1)
+    with pytest.raises(
+        SpeedupConfigError, match=r"`steps`='2' is not an integer \(a str\)\. Allowed values: an integer >= 1"
+    ):
+        check_int("steps", "2", 1)
 
 
 def test_check_int():
@@ -43,7 +53,9 @@ def test_check_int():
     assert check_int("steps", np.int64(3), 1) == 3
     assert check_int("seed", None, 0, optional=True) is None
     for bad in (0, 1.0, True, "2"):
-        with pytest.raises(SpeedupConfigError, match=r"is out of range. Allowed values: an integer >= 1\.$"):
+        with pytest.raises(
+            SpeedupConfigError, match=r"is (out of range|not an integer \(a \w+\))\. Allowed values: an integer >= 1\.$"
+        ):
             check_int("steps", bad, 1)
     with pytest.raises(SpeedupConfigError, match=r"^`k`=5 is out of range. Allowed values: an integer in \[1, 4\]\."):
         check_int("k", 5, 1, 4)
@@ -51,7 +63,7 @@ def test_check_int():
         check_int("k", 5, high=4, hint="fewer")
     with pytest.raises(SpeedupConfigError, match=r"`seed`=-1 .* an integer >= 0 or None\.$"):
         check_int("seed", -1, 0, optional=True)
-    with pytest.raises(SpeedupConfigError, match=r"`k`=None is out of range. Allowed values: an integer\.$"):
+    with pytest.raises(SpeedupConfigError, match=r"`k`=None is not an integer. Allowed values: an integer\.$"):
         check_int("k", None)
 
 

@@ -89,6 +89,6 @@ def budget_note(skipped: list[Skipped], budget_s: float, planned_run_s: float | 
     head = "" if measured else "nothing measured: the run is too short for one comparison; "
     return (
         f"{head}{names} not tried: what was left of the trial budget ({left}) is below {need}. HINT: pass a "
-        f"larger `budget_s` (at least {fits:.1f}s to measure {cheapest.name}); the plan is cached, so later runs "
-        "skip the trials."
+        f"larger `budget_s` (at least {fits:.1f}s to measure {cheapest.name}); the plan is cached: a later call "
+        "with the same budget skips the trials, a larger `budget_s` measures again."
     )

@@ -12,11 +12,12 @@ from lightning_speedups.autotune.trials import (
     TrialContext,
     register_candidate,
 )
+from lightning_speedups.functional.compile import FIRST_COMPILE_PRIOR_S
 from lightning_speedups.measure import model_copy
 
 __all__ = ["COMPILE_MIN_S"]
 
-COMPILE_MIN_S = 30.0  # inductor's first compile is slow on a small CPU: not worth trying inside a smaller budget
+COMPILE_MIN_S = FIRST_COMPILE_PRIOR_S  # a first compile is slow on a small CPU: not tried inside a smaller budget
 
 
 def _compile(ctx: TrialContext, share: float) -> Choice | None:

@@ -41,7 +41,14 @@ def _data_blocker(ctx: TrialContext) -> str | None:
             f"({ctx.plan['batching']}), which rebuilds the host DataLoader"
         )
     if device_twin(ctx) is None:
-        return "data path not tried: the loader has per-sample transforms that no device twin reproduces"
+        dataset = getattr(ctx.loader, "dataset", None)
+        what = "no dataset" if dataset is None else f"a {type(dataset).__name__}"
+        return (
+            f"data path not tried: the training loader reads {what}, whose per-sample code (`__getitem__`, "
+            "transforms, collate) a device twin cannot run; only a TensorDataset's tensors, or a DataModule with "
+            "`train_images`, `train_labels` and `transforms`, are moved to the device. HINT: lightning_speedups.data."
+            "DeviceDataLoader holds tensors on the device"
+        )
     return None
 
 

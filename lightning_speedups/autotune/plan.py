@@ -110,7 +110,8 @@ class TunePlan:
     def to_text(self) -> str:
         lines = [f"autotune plan ({'cached' if self.from_cache else f'{self.trial_s:.1f}s of trials'}):"]
         for c in self.choices:
-            lines.append(f"  {c.name:<14} {c.chosen!s:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
+            chosen = f"x{c.chosen}" if c.name == "batch_size" else str(c.chosen)  # a multiple of the user's batch
+            lines.append(f"  {c.name:<14} {chosen:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
                          f"{c.trials} rounds  {c.note}")  # fmt: skip
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -141,7 +141,9 @@ class TrialContext:
                 fn()  # first-call costs (lazy init, allocator), untimed
         budget = max(budget - (self.clock() - t0), 1e-3)
         gain = self.margin if min_gain is None else min_gain
-        return compare(fns, baseline, min_gain=gain, budget_s=budget, min_rounds=MIN_ROUNDS, warmup=0, clock=self.clock)
+        return compare(
+            fns, baseline, min_gain=gain, budget_s=budget, min_rounds=MIN_ROUNDS, warmup=0, clock=self.clock, warn=False
+        )  # the plan row carries the note
 
 
 def _same_plan(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:

@@ -83,7 +83,8 @@ def autotune(
             misses ``margin``. One note names the candidates that did not fit, what was left and what they need,
             and the ``budget_s`` that would fit the cheapest; it opens with "nothing measured" when nothing was.
         margin: a candidate must beat the current plan by this fraction beyond noise.
-        cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``).
+        cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``). A cached
+            plan is measured again when a candidate did not fit its budget and this call's ``budget_s`` is larger.
         no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
         clock: seconds as a float (tests inject a fake one).
         **trainer_kwargs: the Trainer arguments of the planned run (``max_epochs``/``max_steps`` size it); returned
@@ -102,17 +103,18 @@ def autotune(
     ctx = TrialContext(model, run.batch, run.device, run.steps, margin, deadline=float("inf"),
                        plan={"precision": "32-true"}, clock=clock, loader=run.loader, datamodule=run.datamodule,
                        own_loader=run.own_loader, no_bf16=no_bf16)  # fmt: skip
-    cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape)
+    cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape, budget_s)
     if cached is not None:  # a second run on this machine and model skips the trials
         return cached
     start = clock()
     step_s, budget = _size_budget(ctx, budget_s, start)
-    choices = _run_candidates(ctx, names, budget, planned_run_s=run.steps * step_s if budget_s is None else None)
+    planned_run_s = run.steps * step_s if budget_s is None else None
+    choices, skipped = _run_candidates(ctx, names, budget, planned_run_s)
     choices += _add_methods(ctx, method_names, methods_note, step_s, trainer_kwargs, kind)
     plan = build_plan(dict(ctx.plan), choices, trainer_kwargs, model, run.shape, checked=True,
                       replacement=ctx.replacement)  # fmt: skip
     plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
-    _store(store, key, plan, choices, ctx.notes)
+    _store(store, key, plan, choices, ctx.notes, budget, skipped)
     rank_zero_info(plan.to_text())
     return plan
 
@@ -145,6 +147,11 @@ def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any
 
 def _check_arguments(candidates: Sequence[str] | None, budget_s: float | None, margin: float) -> list[str]:
     """The candidates to try (default: all), once the arguments are checked."""
+    if isinstance(candidates, str):
+        raise SpeedupConfigError(
+            f"`candidates`={candidates!r} is a string. Allowed values: a list of names from {list(CANDIDATES)!r}, "
+            f"e.g. [{candidates!r}], or None for all."
+        )
     names = list(CANDIDATES) if candidates is None else list(candidates)
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
@@ -192,12 +199,18 @@ def _run_shape(loader: Any, steps: int, shapes: list[list[int]]) -> RunShape:
 
 
 def _from_cache(
-    store: PlanCache | None, key: str, ctx: TrialContext, trainer_kwargs: dict[str, Any], shape: RunShape
+    store: PlanCache | None,
+    key: str,
+    ctx: TrialContext,
+    trainer_kwargs: dict[str, Any],
+    shape: RunShape,
+    budget_s: float | None,
 ) -> TunePlan | None:
     """The plan the cache holds, rebuilt for this run: its callbacks, and the device twin of the data it kept;
-    ``None`` on a miss (no cache, no entry, or an entry written before its choices said whether they changed)."""
+    ``None`` on a miss: no cache, no entry, an entry written before its choices said whether they changed, or an
+    entry whose budget skipped candidates when this call gives a larger ``budget_s`` (the note's HINT says to)."""
     cached = store.get(key) if store is not None else None
-    if cached is None:
+    if cached is None or _larger_budget(cached, budget_s):
         return None
     try:
         choices = [Choice.from_dict(c) for c in cached["choices"]]
@@ -217,6 +230,14 @@ def _from_cache(
     return plan
 
 
+def _larger_budget(cached: dict[str, Any], budget_s: float | None) -> bool:
+    """Whether ``budget_s`` asks for more trial time than the cached entry had when candidates did not fit (an
+    entry that does not record its budget counts as one that may have skipped some)."""
+    if budget_s is None or not cached.get("skipped", [None]):
+        return False
+    return float(budget_s) > float(cached.get("budget_s", 0.0)) * (1.0 + 1e-9)
+
+
 def _size_budget(ctx: TrialContext, budget_s: float | None, start: float) -> tuple[float, float]:
     """The unchanged model's median step (seconds) and the trial budget: ``budget_s``, else 5% of the planned run
     at that step (data time not counted); ``ctx``'s deadline is set ``start`` + the budget."""
@@ -226,12 +247,14 @@ def _size_budget(ctx: TrialContext, budget_s: float | None, start: float) -> tup
     return step_s, budget
 
 
-def _run_candidates(ctx: TrialContext, names: list[str], budget: float, planned_run_s: float | None) -> list[Choice]:
-    """The candidates' choices; one note first on those the budget could not fit."""
+def _run_candidates(
+    ctx: TrialContext, names: list[str], budget: float, planned_run_s: float | None
+) -> tuple[list[Choice], list[str]]:
+    """The candidates' choices and the names the budget could not fit; one note first on those."""
     choices, skipped = run_candidates(ctx, names)
     if skipped:
         ctx.notes.insert(0, budget_note(skipped, budget, planned_run_s, measured=bool(choices)))
-    return choices
+    return choices, [s.name for s in skipped]
 
 
 def _add_methods(
@@ -260,7 +283,17 @@ def _add_methods(
     return made
 
 
-def _store(store: PlanCache | None, key: str, plan: TunePlan, choices: list[Choice], notes: list[str]) -> None:
-    """Keep the measured plan for the next run: plain JSON, the settings but never the twin of the data."""
+def _store(
+    store: PlanCache | None,
+    key: str,
+    plan: TunePlan,
+    choices: list[Choice],
+    notes: list[str],
+    budget: float,
+    skipped: list[str],
+) -> None:
+    """Keep the measured plan for the next run: plain JSON, the settings but never the twin of the data, with the
+    trial budget and the candidates it could not fit (a later call with a larger ``budget_s`` measures again)."""
     if store is not None:
-        store.put(key, {"settings": plan.settings, "choices": [c.as_dict() for c in choices], "notes": notes})
+        store.put(key, {"settings": plan.settings, "choices": [c.as_dict() for c in choices], "notes": notes,
+                        "budget_s": float(budget), "skipped": skipped})  # fmt: skip

@@ -69,7 +69,10 @@ class ChannelsLast(Callback):
             return
         self.active = True
         if summary.num_tensors:
-            rank_zero_info(f"ChannelsLast: {summary.num_tensors} 4-D tensors of {summary.num_conv} convs -> NHWC.")
+            rank_zero_info(
+                f"ChannelsLast: {summary.num_conv} convs run channels_last (NHWC); {summary.num_tensors} 4-D weight or "
+                "buffer tensors changed layout (1x1 and depthwise kernels already are NHWC in memory)."
+            )
         if self.convert_batch and self._hook is None:
             self._hook = pl_module.register_forward_pre_hook(_forward_pre_hook, with_kwargs=True)
 

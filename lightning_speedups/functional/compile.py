@@ -24,6 +24,7 @@ from lightning_speedups._errors import SpeedupConfigError, check_bool, check_cal
 from lightning_speedups._structure import keep_metadata
 
 __all__ = [
+    "FIRST_COMPILE_PRIOR_S",
     "COMPILE_MODES",
     "CompileConfig",
     "CompileSummary",
@@ -37,6 +38,11 @@ __all__ = [
 
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _PREFIX = "_orig_mod."
+
+#: What a first compile of a training step (forward and backward graphs) is assumed to cost before it is measured:
+#: inductor's first compile takes tens of seconds on a small CPU (a 2-layer GPT-2 took 60 s on 2 cores). autotune
+#: does not try compile in a smaller trial budget, and the advisor's automatic probe skips runs too short for it.
+FIRST_COMPILE_PRIOR_S = 30.0
 
 
 @dataclass

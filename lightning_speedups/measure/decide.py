@@ -93,6 +93,7 @@ def compare(
     seed: int = 0,
     returns_time: bool = False,
     initial: Mapping[str, Sequence[float]] | None = None,
+    warn: bool = True,
 ) -> Comparison:
     """Choose among timed callables so that the choice holds under noise.
 
@@ -116,6 +117,8 @@ def compare(
             must not count, e.g. a training trial at one batch size that reports its per-sample step time.
         initial: rounds already measured (``{name: [time per round, ...]}``, the same count for every candidate),
             continued rather than repeated; they count toward ``min_rounds`` and ``max_rounds``.
+        warn: warn when fewer than ``min_rounds`` rounds fit in ``budget_s``. Callers that report the result's
+            ``note`` and ``trusted`` in their own words pass ``False``.
 
     Raises:
         SpeedupConfigError: a ``budget_s`` <= 0, an unknown ``baseline``, fewer than two candidates.
@@ -134,8 +137,9 @@ def compare(
     winner, note = _pick(ratios, baseline, list(candidates), threshold, prefer)
     if rounds.done < min_rounds:  # every round hit the budget: too few to trust, keep the conservative choice
         winner = baseline
-        note = f"only {rounds.done} of {min_rounds} rounds fit in `budget_s`={budget_s:.3g}; kept {baseline!r} untested"
-        warnings.warn(f"compare: timing cannot be trusted ({note}).", stacklevel=2)
+        note = f"only {rounds.done} of {min_rounds} rounds fit in {budget_s:.3g}s; kept {baseline!r} untested"
+        if warn:
+            warnings.warn(f"compare: timing cannot be trusted ({note}).", stacklevel=2)
     elif winner == baseline and not note:
         unclear = [n for n, (_lo, _m, hi) in ratios.items() if n != baseline and hi >= threshold]
         if unclear:

@@ -70,7 +70,8 @@ def measured_ratio(
     """``base`` vs ``cand`` interleaved through :func:`~lightning_speedups.measure.compare` (> 1: cand faster).
 
     Rounds continue until the interval clears or misses ``1 + min_gain`` (the decision's threshold) or ``budget_s``
-    runs out. Returns the conservative :class:`MeasuredRatio` with its evidence.
+    runs out. Returns the conservative :class:`MeasuredRatio` with its evidence; when too few rounds fit, it is 1.0
+    and :func:`describe_ratio` says so (no warning: the caller's report carries it).
     """
     cmp = compare(
         {"base": base, "cand": cand},
@@ -81,6 +82,7 @@ def measured_ratio(
         warmup=warmup,
         clock=clock,
         seed=seed,
+        warn=False,
     )
     return MeasuredRatio(conservative_ratio(cmp, "cand"), cmp)
 

@@ -342,19 +342,25 @@ def test_advisor_counts_padding_of_token_batches():
 
 
 def test_advisor_pad_value_misconfiguration():
-    with pytest.raises(SpeedupConfigError, match="`pad_value`='0' is out of range. Allowed values: an integer or None"):
+    with pytest.raises(
+        SpeedupConfigError, match=r"`pad_value`='0' is not an integer \(a str\)\. Allowed values: an integer"
+    ):
         SpeedAdvisor(pad_value="0")  # type: ignore[arg-type]
 
 
 def test_advisor_probe_compile_misconfiguration():
-    with pytest.raises(SpeedupConfigError, match="`probe_compile`='yes' is not supported. Allowed values: True, False"):
+    with pytest.raises(
+        SpeedupConfigError, match="`probe_compile`='yes' is not supported. Allowed values: True, False, None"
+    ):
         SpeedAdvisor(probe_compile="yes")  # type: ignore[arg-type]
 
 
 def _compile_fit(monkeypatch, probe: Any, per_step: float = 0.5, steps: int = 3, **kw: Any):
-    """A compute-bound fit on the fake clock (``per_step`` s per step), with the compile probe replaced by ``probe``."""
+    """A compute-bound fit on the fake clock (``per_step`` s per step), with the compile probe replaced by ``probe``
+    (asked for: ``probe_compile=True`` unless ``kw`` says otherwise)."""
     from lightning_speedups.functional.advisor import probes
 
+    kw.setdefault("probe_compile", True)
     clock, calls = FakeClock(), []
     monkeypatch.setattr(advisor_mod, "_now", clock)
 
@@ -406,3 +412,21 @@ def test_advisor_compile_probe_only_when_it_can_fire(monkeypatch):
     # a planned run too short to pay back any compile: neither probe nor finding
     advisor, calls = _compile_fit(monkeypatch, probe, per_step=0.01)
     assert calls == [] and "not_compiled" not in [f.key for f in advisor.report.findings]
+
+
+def test_the_automatic_compile_probe_skips_a_run_too_short_for_a_first_compile(monkeypatch):
+    from lightning_speedups.callbacks.advisor.callback import COMPILE_PROBE_SHARE
+    from lightning_speedups.functional.advisor.probes import CompileProbe
+    from lightning_speedups.functional.compile import FIRST_COMPILE_PRIOR_S
+
+    # a new user's 8-step diagnostic run (13 s of compute) spent 60 s in the probe's compile: by default the probe
+    # runs only where its expected cost is a small share of the run; the finding then says how to measure it
+    probe = CompileProbe(compile_s=0.2, speedup=2.0, eager_step_s=0.5)
+    advisor, calls = _compile_fit(monkeypatch, probe, probe_compile=None)  # 3 steps of 0.5 s
+    f = next(f for f in advisor.report.findings if f.key == "not_compiled")
+    assert calls == [] and not f.measured and "probe_compile=True" in f.fix
+    assert f.evidence["compile_probe"].startswith("probe skipped: the planned run computes for about 2 s")
+    # a run long enough for the prior compile to be within the share: probed without being asked
+    steps = int(FIRST_COMPILE_PRIOR_S / COMPILE_PROBE_SHARE / 0.5) + 1
+    advisor, calls = _compile_fit(monkeypatch, probe, probe_compile=None, steps=steps)
+    assert len(calls) == 1 and next(f for f in advisor.report.findings if f.key == "not_compiled").measured

@@ -32,7 +32,7 @@ from lightning_speedups.callbacks.advisor.facts import (
 )
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThresholds, Measurements
-from lightning_speedups.functional.compile import is_compiled
+from lightning_speedups.functional.compile import FIRST_COMPILE_PRIOR_S, is_compiled
 
 if TYPE_CHECKING:
     from torch.utils.flop_counter import FlopCounterMode
@@ -40,6 +40,27 @@ if TYPE_CHECKING:
 __all__ = ["SpeedAdvisor"]
 
 _now = time.perf_counter  # module-level so tests can patch the clock
+
+
+#: The automatic compile probe runs only when its expected cost is at most this share of the planned run's compute
+#: (autotune's default trial budget is the same 5%).
+COMPILE_PROBE_SHARE = 0.05
+
+
+def _compile_probe_too_costly(m: Measurements) -> str | None:
+    """Why the automatic probe skips a run: its expected compile is more than :data:`COMPILE_PROBE_SHARE` of the
+    planned run's compute (``None``: probe; also when the run length or the step time is unknown)."""
+    planned, compute_s = m.planned_steps, m.compute_s
+    if planned is None or not compute_s:
+        return None
+    run_s = planned * compute_s
+    if FIRST_COMPILE_PRIOR_S <= COMPILE_PROBE_SHARE * run_s:
+        return None
+    return (
+        f"probe skipped: the planned run computes for about {run_s:.0f} s, and a first compile often takes "
+        f"{FIRST_COMPILE_PRIOR_S:.0f} s or more, over {COMPILE_PROBE_SHARE:.0%} of the run. HINT: "
+        "SpeedAdvisor(probe_compile=True) measures it anyway"
+    )
 
 
 class SpeedAdvisor(Callback):
@@ -72,10 +93,13 @@ class SpeedAdvisor(Callback):
         pad_value: the padding token id, for token batches without an attention mask (``None``: not used).
         probe_compile: with ``measure_effects``, time ``torch.compile`` on a copy of the model (one compile, then a
             few interleaved eager / compiled steps), only when the model is compute-bound, eager, and the planned run
-            is long enough to pay a compile back at all. The ``not_compiled`` finding then says after how many steps
+            is long enough to pay a compile back at all. ``None`` (default): only when the probe's expected cost
+            (:data:`~lightning_speedups.functional.compile.FIRST_COMPILE_PRIOR_S`) is at most
+            :data:`COMPILE_PROBE_SHARE` of the planned run's compute, or the run length is unknown; ``True``: always;
+            ``False``: never. The ``not_compiled`` finding then says after how many steps
             compiling pays back (every graph the run compiles counted at the measured cost: the validation forward,
             a smaller last batch), and is left out where it does not pay back within the planned run. The compile
-            itself takes seconds to tens of seconds on a CPU: ``False`` for a short diagnostic run.
+            itself takes seconds to tens of seconds on a CPU, so a short run is not probed by default.
 
     Example::
 
@@ -97,11 +121,14 @@ class SpeedAdvisor(Callback):
         thresholds: AdvisorThresholds | dict[str, Any] | None = None,
         verbose: bool = True,
         pad_value: int | None = None,
-        probe_compile: bool = True,
+        probe_compile: bool | None = None,
     ) -> None:
         check_int("warmup_steps", warmup_steps, 1)
         self.probe_compile = check_bool(
-            "probe_compile", probe_compile, hint="False skips the compile probe (it costs one torch.compile)."
+            "probe_compile",
+            probe_compile,
+            hint="None probes when the run is long enough, True always, False never (it costs one torch.compile).",
+            optional=True,
         )
         self.pad_value = check_int("pad_value", pad_value, optional=True)
         self._counter = TokenCounter(pad_value)
@@ -327,10 +354,11 @@ class SpeedAdvisor(Callback):
             m.never_grad = sorted(set(trainable) - self._got_grad)
         if self.measure_effects:
             measure_effects(m, pl_module, trainer.optimizers, self._example)
-        if self.measure_effects and self.probe_compile:
+        too_short = None if self.probe_compile else _compile_probe_too_costly(m)
+        if self.measure_effects and self.probe_compile is not False and too_short is None:
             measure_compile(m, pl_module, self._batch)
         else:
-            m.compile_note = "probe off (`measure_effects` or `probe_compile` is False)"
+            m.compile_note = too_short or "probe off (`measure_effects` or `probe_compile` is False)"
         if m.device_type == "cpu" and ("bf16" in m.precision or m.precision.startswith("16")) and not m.bf16_speedup:
             m.cpu_bf16_fast = settings.cpu_bf16_is_fast()  # library-wide cached probe: the model copy was not timed
         return m
