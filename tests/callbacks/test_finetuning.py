@@ -248,7 +248,7 @@ def test_finetune_misconfiguration():
         FineTuneFreezing(backbone=[])
     with pytest.raises(SpeedupConfigError, match="`unfreeze_at_epoch`=-1 is out of range.*an integer >= 0 or None"):
         FineTuneFreezing(unfreeze_at_epoch=-1)
-    with pytest.raises(SpeedupConfigError, match="`unfreeze_at_epoch`=1.5 is out of range"):
+    with pytest.raises(SpeedupConfigError, match=r"`unfreeze_at_epoch`=1.5 is not an integer \(a float\)"):
         FineTuneFreezing(unfreeze_at_epoch=1.5)
     with pytest.raises(SpeedupConfigError, match="`unfreeze_every`=0 is out of range"):
         FineTuneFreezing(unfreeze_every=0)
