@@ -371,5 +371,5 @@ def test_batch_size_measures_tokens_per_s_on_token_data():
 def test_batch_size_unit_misconfiguration():
     with pytest.raises(SpeedupConfigError, match="`unit`='tokens' is not supported. Allowed values: 'auto', 'samples'"):
         ThroughputBatchSizeFinder(unit="tokens")
-    with pytest.raises(SpeedupConfigError, match=r"`pad_value`=1.5 is not an integer \(a float\)\. Allowed values: an integer or None"):
+    with pytest.raises(SpeedupConfigError, match=r"`pad_value`=1.5 is not an integer \(a float\)"):
         ThroughputBatchSizeFinder(pad_value=1.5)  # type: ignore[arg-type]
