@@ -263,7 +263,8 @@ def _task_summary(task_rows: list[dict[str, Any]]) -> dict[str, Any]:
     s: dict[str, Any] = {k: first[k] for k in ("task", "split", "kind", "metric", "mode")}
     s.update(task_lr=next((r["task_lr"] for r in task_rows if r.get("task_lr")), None), grid={}, best_factor=None,
              best_lr=None, best_quality=None, finder_lr=None, finder_quality=None, gap=None,
-             tolerance=tolerance(metric), range_test=[], seeds=sorted({r["seed"] for r in task_rows}))  # fmt: skip
+             tolerance=tolerance(metric), range_test=[], seeds=sorted({r["seed"] for r in task_rows}),
+             best_range=None, finder_range=None)  # fmt: skip
     skipped = [r for r in task_rows if r["method"] == "skipped"]
     if skipped:
         return {**s, "verdict": f"skipped: {skipped[0]['notes']}"}
@@ -276,12 +277,22 @@ def _task_summary(task_rows: list[dict[str, Any]]) -> dict[str, Any]:
         s["best_factor"] = max(finite, key=lambda f: finite[f] if mode == "max" else -finite[f])
         s["best_quality"] = finite[s["best_factor"]]
         s["best_lr"] = s["best_factor"] * s["task_lr"] if s["task_lr"] else None
+        s["best_range"] = _seed_range([r for r in task_rows if r["method"] == "grid"
+                                       and r["lr_factor"] == s["best_factor"]])  # fmt: skip
     finder = [r for r in task_rows if r["method"] == "lr_finder"]
     if finder:
         s["finder_lr"] = statistics.median(r["lr"] for r in finder)
         s["finder_quality"] = _mean([r["quality"] for r in finder])
-        s["range_test"] = [_range_text(r) for r in finder]
+        s["finder_range"] = _seed_range(finder)
+        texts = [_range_text(r) for r in finder]
+        s["range_test"] = [t if texts.count(t) == 1 else f"{texts.count(t)} seeds: {t}" for t in dict.fromkeys(texts)]
     return {**s, **_verdict(s, mode)}
+
+
+def _seed_range(rows: list[dict[str, Any]]) -> float | None:
+    """How far one configuration's quality moved between seeds (max - min; ``None`` below two finite seeds)."""
+    values = [float(r["quality"]) for r in rows if r.get("quality") is not None and math.isfinite(float(r["quality"]))]
+    return max(values) - min(values) if len(values) > 1 else None
 
 
 def _verdict(s: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -307,6 +318,10 @@ def _range_text(r: dict[str, Any]) -> str:
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per task (means over its seeds): the grid's qualities, the best grid lr and quality, the finder's lr and
     quality, the gap (how much worse the finder is, in the task's direction; negative: better) and the verdict.
+
+    Each also has ``best_range`` and ``finder_range``: how far the best grid lr's and the finder's quality moved
+    between seeds (max - min; ``None`` for one seed). A gap smaller than those is within the seed noise, which the
+    verdict does not take into account.
 
     The verdict is ``"within"`` when the gap is at most :func:`tolerance` of the metric, else ``"miss"``; or says
     what is missing (``"no finder row"``, ``"no grid rows"``), or why the task was skipped. A non-finite quality
@@ -337,8 +352,8 @@ def format_summary(summary: Sequence[dict[str, Any]]) -> str:
     grid_head = " / ".join(f"x{f:g}" for f in GRID)
     lines = [
         f"| task | metric | task's lr | grid ({grid_head}) | best grid lr | best grid | LR finder lr | LR finder "
-        "| gap | verdict | range test |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gap | verdict | seeds: range of best grid / finder | range test |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         base = s["task_lr"]
@@ -349,8 +364,16 @@ def format_summary(summary: Sequence[dict[str, Any]]) -> str:
         gap = "-" if s["gap"] is None else f"{s['gap']:+.4f} (tol {_fmt(s['tolerance'])})"
         lines.append(f"| {s['task']} | {s['metric']} ({s['mode']}) | {_fmt(base, 3)} | {grid} | {best} | "
                      f"{_fmt(s['best_quality'])} | {found} | {_fmt(s['finder_quality'])} | {gap} | {s['verdict']} | "
-                     f"{'; '.join(s['range_test']) or '-'} |")  # fmt: skip
+                     f"{_ranges(s)} | {'; '.join(s['range_test']) or '-'} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _ranges(s: dict[str, Any]) -> str:
+    """``"3: 0.021 / 0.034"``: the seeds, and how far the best grid lr's and the finder's quality moved between them."""
+    n = len(s.get("seeds") or [])
+    if n < 2:
+        return f"{n}: -"
+    return f"{n}: {_fmt(s.get('best_range'), 2)} / {_fmt(s.get('finder_range'), 2)}"
 
 
 def _names(value: str | None) -> list[str] | None:

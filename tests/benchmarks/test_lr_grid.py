@@ -110,6 +110,22 @@ def test_lr_grid_summarize_verdicts() -> None:
     assert "60/100 steps, lr 1e-06-0.02, stopped early: the loss diverged" in table
 
 
+def test_lr_grid_reports_how_far_each_seed_moved() -> None:
+    # one seed's quality moves by more than the tolerance on several suite tasks: the table says how much, per task
+    seeds = [
+        [{**r, "seed": seed, "quality": r["quality"] + shift} for r in _rows("t", "val_acc", "max", grid, finder)]
+        for seed, (shift, grid, finder) in enumerate([(0.0, [0.8, 0.85, 0.9, 0.92, 0.5], 0.91),
+                                                      (0.03, [0.8, 0.85, 0.9, 0.92, 0.5], 0.87)])
+    ]  # fmt: skip
+    (s,) = lr_grid.summarize([r for rows in seeds for r in rows])
+    assert s["seeds"] == [0, 1] and s["best_factor"] == 3.0
+    assert s["best_range"] == pytest.approx(0.03) and s["finder_range"] == pytest.approx(0.01)
+    table = lr_grid.format_summary([s])
+    assert "| 2: 0.03 / 0.01 |" in table and "2 seeds: 60/100 steps" in table
+    (one,) = lr_grid.summarize(seeds[0])
+    assert one["best_range"] is None and "| 1: - |" in lr_grid.format_summary([one])
+
+
 def test_lr_grid_bad_input(tmp_path, capsys) -> None:
     with pytest.raises(SpeedupConfigError, match="`workload`='nope' is not registered. Allowed values: .*'digits'"):
         lr_grid.run_grid(["nope"])
