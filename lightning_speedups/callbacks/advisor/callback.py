@@ -354,7 +354,7 @@ class SpeedAdvisor(Callback):
             m.never_grad = sorted(set(trainable) - self._got_grad)
         if self.measure_effects:
             measure_effects(m, pl_module, trainer.optimizers, self._example)
-        too_short = None if self.probe_compile else _compile_probe_too_costly(m)
+        too_short = _compile_probe_too_costly(m) if self.measure_effects and self.probe_compile is None else None
         if self.measure_effects and self.probe_compile is not False and too_short is None:
             measure_compile(m, pl_module, self._batch)
         else:
