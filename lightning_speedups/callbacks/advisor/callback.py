@@ -94,8 +94,8 @@ class SpeedAdvisor(Callback):
         probe_compile: with ``measure_effects``, time ``torch.compile`` on a copy of the model (one compile, then a
             few interleaved eager / compiled steps), only when the model is compute-bound, eager, and the planned run
             is long enough to pay a compile back at all. ``None`` (default): only when the probe's expected cost
-            (:data:`~lightning_speedups.functional.compile.FIRST_COMPILE_PRIOR_S`) is at most
-            :data:`COMPILE_PROBE_SHARE` of the planned run's compute, or the run length is unknown; ``True``: always;
+            (``lightning_speedups.functional.compile.FIRST_COMPILE_PRIOR_S``, 30 s) is at most
+            ``COMPILE_PROBE_SHARE`` (5%) of the planned run's compute, or the run length is unknown; ``True``: always;
             ``False``: never. The ``not_compiled`` finding then says after how many steps
             compiling pays back (every graph the run compiles counted at the measured cost: the validation forward,
             a smaller last batch), and is left out where it does not pay back within the planned run. The compile
