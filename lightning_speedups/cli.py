@@ -43,7 +43,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if machine["device"] != "cpu":
         print(f"  gpu peak bf16  {ls.device_peak_flops('cuda', 'bf16').describe()}")
     ratio = cpu_bf16_speed_ratio()
-    evidence = f"; {describe_ratio(ratio)}" if describe_ratio(ratio) else ""
+    evidence = describe_ratio(ratio)
+    evidence = f"; {evidence}" if evidence else ""
     print(f"  bf16 on cpu    a training step {bf16_ratio_words(ratio)} (measured now{evidence})")
     print("\nTrainer settings it would pick (trainer_settings()):")
     print("  " + explain_trainer_settings().explain().replace("\n", "\n  "))

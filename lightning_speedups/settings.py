@@ -263,7 +263,8 @@ def _resolve_precision(precision: str, accelerator: str, reasons: dict[str, str]
             return "bf16-mixed"
         if accelerator == "cpu":
             ratio = cpu_bf16_speed_ratio()
-            evidence = f" ({describe_ratio(ratio)})" if describe_ratio(ratio) else ""
+            evidence = describe_ratio(ratio)
+            evidence = f" ({evidence})" if evidence else ""
             if cpu_bf16_is_fast():
                 reasons["precision"] = f"a bf16 training step measured {ratio:.2f}x faster than fp32 here{evidence}"
                 return "bf16-mixed"
