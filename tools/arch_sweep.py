@@ -71,6 +71,12 @@ SAMPLE: dict[str, tuple[str, ...]] = {
     # modules whose _load_from_state_dict reads the version in the state dict's _metadata (MNASNet's stem)
     "tv_mnasnet0_5": ("ema", "pruning", "pruning_mask", "qat"),
     "bn_cnn": ("pruning", "qat"),  # plain BatchNorm (version 2 metadata, num_batches_tracked)
+    # the refusal classes of the sweep, one timm model each (the smallest of its family)
+    "timm_fasternet": ("pruning",),  # a partial convolution: torch-pruning cannot follow the channel split
+    "timm_mixnet": ("pruning",),  # mixed kernels split by fixed sizes: the pruned forward fails, model restored
+    "timm_ghostnet": ("pruning",),  # coupled concatenated halves: the amount would empty a layer
+    "timm_pvt": ("pruning", "progressive_resizing"),  # attention without a free feed-forward block; a kernel > side
+    "timm_pit": ("progressive_resizing",),  # a patch grid that only some sides divide
 }
 
 

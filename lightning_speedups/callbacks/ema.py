@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_speedups._compat import averaged_model
-from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import keep_metadata
 from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model
@@ -22,13 +22,6 @@ __all__ = ["AVERAGING_CALLBACKS", "EMA", "SHARDED_STRATEGIES"]
 
 SHARDED_STRATEGIES = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # the average would be unsharded
 AVERAGING_CALLBACKS = (WeightAveraging, StochasticWeightAveraging)  # each rewrites the checkpoint's state_dict
-
-
-def _check_step(name: str, value: Any, low: int, allow_none: bool) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if not ok and not (allow_none and value is None):
-        allowed = f"an integer >= {low}" + (" or None" if allow_none else "")
-        raise SpeedupConfigError(f"`{name}`={value!r} is out of range. Allowed values: {allowed}.")
 
 
 class EMA(EMAWeightAveraging):
@@ -81,12 +74,11 @@ class EMA(EMAWeightAveraging):
         device: torch.device | str | int | None = None,
     ) -> None:
         check_decay(decay)
-        _check_step("update_every_n_steps", update_every_n_steps, 1, allow_none=False)
-        _check_step("update_starting_at_step", update_starting_at_step, 0, allow_none=True)
-        _check_step("update_starting_at_epoch", update_starting_at_epoch, 0, allow_none=True)
-        for name, flag in (("warmup", warmup), ("use_buffers", use_buffers)):
-            if not isinstance(flag, bool):
-                raise SpeedupConfigError(f"`{name}`={flag!r} is not supported. Allowed values: True, False.")
+        check_int("update_every_n_steps", update_every_n_steps, 1)
+        check_int("update_starting_at_step", update_starting_at_step, 0, optional=True)
+        check_int("update_starting_at_epoch", update_starting_at_epoch, 0, optional=True)
+        check_bool("warmup", warmup)
+        check_bool("use_buffers", use_buffers)
         if device is not None:
             try:
                 torch.device(device)

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 from typing_extensions import override
 
 from lightning_speedups._compat import refresh_scheduler_last_lr
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.functional.fast_schedule import (
     DECAYS,
@@ -29,8 +29,7 @@ __all__ = ["FastSchedule"]
 
 
 def _check_pos_int(name: str, value: Any) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise SpeedupConfigError(f"`{name}`={value!r} is out of range. Allowed values: an integer >= 1 or None.")
+    check_int(name, value, 1, optional=True)
 
 
 class FastSchedule(Callback):

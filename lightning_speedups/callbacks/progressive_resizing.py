@@ -16,7 +16,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_speedups._compat import fit_train_dataloader
-from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int
 from lightning_speedups._inputs import (
     candidate_inputs,
     example_from_batch,
@@ -152,11 +152,8 @@ class ProgressiveResizing(Callback):
         scaled_side(8, 1.0, size_increment)  # validates size_increment
         check_choice("mode", mode, MODES)
         check_choice("interpolation", interpolation, INTERPOLATIONS)
-        for name, value, low in (("seed", seed, 0), ("total_steps", total_steps, 1)):
-            if value is None and name == "total_steps":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise SpeedupConfigError(f"`{name}`={value!r} is out of range. Allowed values: an integer >= {low}.")
+        check_int("seed", seed, 0)
+        check_int("total_steps", total_steps, 1, optional=True)
         self.initial_scale, self.finetune_fraction = initial_scale, finetune_fraction
         self.delay_fraction = delay_fraction
         self.size_increment, self.mode, self.interpolation, self.seed = size_increment, mode, interpolation, seed

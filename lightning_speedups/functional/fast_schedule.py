@@ -18,7 +18,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 from lightning_speedups.optim.config import LR_SCALING_RULES, scale_lr
 
 __all__ = ["DECAYS", "FastScheduleFactor", "check_warmup", "create_fast_schedule", "peak_lr", "warmup_steps"]
@@ -136,8 +136,7 @@ def create_fast_schedule(
         >>> round(opt.param_groups[0]["lr"], 4), sched.base_lrs
         (0.0182, [0.2])
     """
-    if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1:
-        raise SpeedupConfigError(f"`total_steps`={total_steps!r} is out of range. Allowed values: an integer >= 1.")
+    check_int("total_steps", total_steps, 1)
     check_warmup(warmup)
     check_choice("decay", decay, DECAYS)
     check_choice("lr_scaling", lr_scaling, (*LR_SCALING_RULES, None))

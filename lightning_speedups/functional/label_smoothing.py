@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_int, check_range
 
 __all__ = [
     "LabelSmoothingSummary",
@@ -79,8 +79,7 @@ def smooth_labels(targets: torch.Tensor, num_classes: int, smoothing: float) -> 
                 [0.0500, 0.0500, 0.8500, 0.0500]])
     """
     check_range("smoothing", smoothing, 0.0, 1.0, high_inclusive=False)
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
-        raise SpeedupConfigError(f"`num_classes`={num_classes!r} is out of range. Allowed values: an integer >= 2.")
+    check_int("num_classes", num_classes, 2)
     if targets.is_floating_point():
         probs = targets
     else:

@@ -24,7 +24,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import functional as F
 
-from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 
 __all__ = [
     "INTERPOLATIONS",
@@ -82,10 +82,7 @@ def scaled_side(side: int, scale: float, size_increment: int = 4) -> int:
         >>> scaled_side(32, 0.5), scaled_side(32, 0.6), scaled_side(224, 0.5, 16), scaled_side(6, 0.1)
         (16, 20, 112, 4)
     """
-    if not isinstance(size_increment, int) or isinstance(size_increment, bool) or size_increment < 1:
-        raise SpeedupConfigError(
-            f"`size_increment`={size_increment!r} is out of range. Allowed values: an integer >= 1."
-        )
+    check_int("size_increment", size_increment, 1)
     if scale >= 1.0:
         return side
     rounded = int(round(side * scale / size_increment)) * size_increment

@@ -3,9 +3,11 @@
 Each cell runs as the sweep runs it (the zoo's fit, reload and resume checks, then the technique's effect) and must not
 ``fail``: it works with its effect, or ``setup()`` refuses it with a reason, the model unchanged. The models are tiny
 stand-ins of each class (aux logits, dict outputs with pixel targets, an encoder-decoder, a weight-norm conv, channel
-shuffle, a token-mixing MLP, tied embeddings, an LSTM, BatchNorm's version metadata); ``SAMPLE`` in the tool lists them
-with the techniques each class is about. Cells that do not conform yet are in ``EXPECTED_FAIL`` with their reason:
-they xfail strictly, so a fixed cell shows as XPASS and its entry is to be removed.
+shuffle, a token-mixing MLP, tied embeddings, an LSTM, BatchNorm's version metadata) and one timm model of each
+refusal class the sweep found (partial and mixed convolutions, coupled halves, attention without a free feed-forward
+block, sides the model cannot run at); ``SAMPLE`` in the tool lists them with the techniques each class is about.
+Cells that do not conform yet are in ``EXPECTED_FAIL`` with their reason: they xfail strictly, so a fixed cell shows
+as XPASS and its entry is to be removed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ pytestmark = [
 
 def _needs(row: str) -> str | None:
     """The optional package a row needs to build (the zoo extra: timm, transformers)."""
-    return "transformers" if row.startswith("hf_") else "timm" if row == "mixer_tiny" else None
+    return "transformers" if row.startswith("hf_") else "timm" if row == "mixer_tiny" or row.startswith("timm_") else None
 
 
 # (row, technique) -> why the cell fails today; strict xfail: remove an entry when its cell passes
@@ -36,7 +38,15 @@ EXPECTED_FAIL: dict[tuple[str, str], str] = {
 }
 
 # a refusal of these cells must name the module that blocks the technique
-MUST_NAME = {("lstm", "pruning"): "LSTM"}
+MUST_NAME = {
+    ("lstm", "pruning"): "LSTM",
+    ("timm_fasternet", "pruning"): "partial_conv3",
+    ("timm_mixnet", "pruning"): "net.blocks.",
+    ("timm_ghostnet", "pruning"): "net.blocks.",
+    ("timm_pvt", "pruning"): "mlp.fc1",
+    ("timm_pvt", "progressive_resizing"): "attn.sr",
+    ("timm_pit", "progressive_resizing"): "PoolingVisionTransformer",
+}
 
 CELLS = [(row, tech) for row, techs in SAMPLE.items() for tech in techs]
 

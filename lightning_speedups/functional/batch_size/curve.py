@@ -7,7 +7,8 @@ the number of timed steps) to every measured size at once, it pools the evidence
 the plateau does not rest on the one or two noisy trials of the two sizes it compares.
 
 The fit is only used when it explains the measurements: its residuals must be consistent with the measured
-per-step noise (chi-square per degree of freedom at most :data:`MAX_CHI2_PER_DOF`, at least two degrees of freedom).
+per-step noise (chi-square per degree of freedom at most :data:`MAX_CHI2_PER_DOF`, at least two degrees of freedom),
+and it keeps the fixed per-step cost (:attr:`CurveFit.decides`).
 Bursty noise (other processes slowing whole trials) shows up as residuals far above the within-trial noise, and a
 curve the model does not describe (a cache cliff) the same way; both leave the decision to the paired
 re-measurements of :mod:`lightning_speedups.functional.batch_size.policy`.
@@ -64,6 +65,13 @@ class CurveFit:
     chi2_per_dof: float
     dof: int
     consistent: bool
+
+    @property
+    def decides(self) -> bool:
+        """The fit may decide a verdict or the final choice: it explains the data (``consistent``) and keeps the
+        fixed per-step cost ``alpha``. Every training step has one; a fit that dropped it is the noise talking (under
+        heavy noise a per-sample constant fits anything), and its ratios between sizes are 1 with no error at all."""
+        return self.consistent and 0 in self.active
 
     def per_sample(self, b: float) -> float:
         """Predicted seconds per sample at batch size ``b``."""

@@ -85,7 +85,7 @@ class Search(Measurements):
         if noise is not None and abs(math.log(first / threshold)) > 4.0 * math.sqrt(2.0) * noise:
             verdict = "small" if first >= 1.0 else "dip"
             return self._decided([a, b], verdict, median_ratio=round(first, 4), step_noise=round(noise, 4), rounds=1)
-        if curve is not None and curve.consistent:  # every size so far agrees with one smooth curve: it decides
+        if curve is not None and curve.decides:  # every size so far agrees with one smooth curve: it decides
             verdict = self._curve_verdict(a, b, curve, threshold)
             if verdict is not None:
                 return verdict
@@ -172,7 +172,7 @@ class Search(Measurements):
         if quiet:  # quiet machine: the pooled estimates clear the step noise by 4 sigma
             self.note = f"{sizes} differ by more than 4 sigma of the measured step noise ({noise:.1%}): no re-check"
             return point
-        if curve is not None and curve.consistent:
+        if curve is not None and curve.decides:
             pick = self._curve_choice(good, curve)
             if pick is not None:
                 return pick
