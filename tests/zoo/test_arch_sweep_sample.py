@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,8 +31,13 @@ pytestmark = [
 
 def _needs(row: str) -> str | None:
     """The optional package a row needs to build (the zoo extra: timm, transformers)."""
-    return "transformers" if row.startswith("hf_") else "timm" if row == "mixer_tiny" or row.startswith("timm_") else None
+    if row.startswith("hf_"):
+        return "transformers"
+    return "timm" if row == "mixer_tiny" or row.startswith("timm_") else None
 
+
+# the sweep's committed choice of each timm family's smallest model: without it, finding a row counts every family
+TIMM_PLAN = Path(__file__).resolve().parents[2] / "docs" / "_generated" / "arch_sweep_timm_plan.json"
 
 # (row, technique) -> why the cell fails today; strict xfail: remove an entry when its cell passes
 EXPECTED_FAIL: dict[tuple[str, str], str] = {
@@ -69,7 +75,7 @@ def test_arch_sweep_sample(row: str, tech: str):
         pytest.skip(f"{row} needs {need}")
     added = row not in ARCHS
     if added:  # registered for this cell only: the zoo's own table lists ARCHS at the end of the session
-        register(find_row(row))
+        register(find_row(row, TIMM_PLAN))
     torch.set_num_threads(min(2, torch.get_num_threads()))
     try:
         with warnings.catch_warnings():
