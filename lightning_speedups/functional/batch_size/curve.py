@@ -8,7 +8,7 @@ the plateau does not rest on the one or two noisy trials of the two sizes it com
 
 The fit is only used when it explains the measurements: its residuals must be consistent with the measured
 per-step noise (chi-square per degree of freedom at most :data:`MAX_CHI2_PER_DOF`, at least two degrees of freedom),
-and it keeps the fixed per-step cost (:attr:`CurveFit.decides`).
+and it keeps the fixed per-step cost (``CurveFit.decides``).
 Bursty noise (other processes slowing whole trials) shows up as residuals far above the within-trial noise, and a
 curve the model does not describe (a cache cliff) the same way; both leave the decision to the paired
 re-measurements of :mod:`lightning_speedups.functional.batch_size.policy`.
