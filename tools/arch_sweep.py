@@ -50,6 +50,15 @@ from tools.arch_sweep_table import load_results, write_outputs  # noqa: E402 - a
 
 FAMILIES = ("hf", "seq", "torchvision", "timm")
 
+DEFAULT_OUT = ROOT / "docs/_generated/arch_sweep.json"
+
+
+def timm_plan(out: Path) -> Path:
+    """Where the sweep writing ``out`` keeps its choice of each timm family's smallest model (counting every family
+    takes minutes, so it is computed once and committed beside the results)."""
+    return out.with_name("arch_sweep_timm_plan.json")
+
+
 # the CI sample (tests/zoo/test_arch_sweep_sample.py): one model of every failure class the sweep found, each with the
 # techniques that class is about; `--sample` runs exactly these cells
 SAMPLE: dict[str, tuple[str, ...]] = {
@@ -367,7 +376,7 @@ def select_rows(args: argparse.Namespace) -> list[Any]:
 
     if args.sample:
         return [r for r in sample_rows() if r.name in SAMPLE]
-    cache = args.out.with_name("arch_sweep_timm_plan.json") if "timm" in args.families else None
+    cache = timm_plan(args.out) if "timm" in args.families else None
     rows = all_rows(tuple(args.families), cache)
     i, n = (int(v) for v in args.chunk.split("/"))
     rows = [r for k, r in enumerate(rows) if k % n == i - 1]
@@ -387,7 +396,7 @@ def techniques_for(row: Any, args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "docs/_generated/arch_sweep.json")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--md", type=Path, default=None)
     p.add_argument("--chunk", default="1/1", help="i/n: the i-th of n deterministic slices of the rows")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -411,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     results = args.out.with_suffix(".jsonl")
     results.parent.mkdir(parents=True, exist_ok=True)
     if args.worker:
-        timm_cache = args.out.with_name("arch_sweep_timm_plan.json")
+        timm_cache = timm_plan(args.out)
         progress = _progress_path(os.getppid())
         worker(args.worker, args.techniques, results, progress, timm_cache)
         return

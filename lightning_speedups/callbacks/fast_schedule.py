@@ -28,10 +28,6 @@ from lightning_speedups.optim.mixin import effective_batch_size
 __all__ = ["FastSchedule"]
 
 
-def _check_pos_int(name: str, value: Any) -> None:
-    check_int(name, value, 1, optional=True)
-
-
 class FastSchedule(Callback):
     """Schedule the learning rate of a module that returns only an optimizer: short warm-up, higher peak, decay.
 
@@ -82,7 +78,7 @@ class FastSchedule(Callback):
         check_range("final_lr_ratio", final_lr_ratio, 0.0, 1.0)
         for name, value in (("base_batch_size", base_batch_size), ("batch_size", batch_size),
                             ("total_steps", total_steps)):
-            _check_pos_int(name, value)
+            check_int(name, value, 1, optional=True)
         self.warmup, self.peak_factor, self.base_batch_size = warmup, peak_factor, base_batch_size
         self.lr_scaling, self.decay, self.final_lr_ratio = lr_scaling, decay, final_lr_ratio
         self.batch_size, self.total_steps = batch_size, total_steps

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.zoo.models import ARCHS
-from tools.arch_sweep import SAMPLE, run_cell
+from tools.arch_sweep import DEFAULT_OUT, SAMPLE, run_cell, timm_plan
 from tools.arch_sweep_models import find_row, register
 
 pytestmark = [
@@ -35,9 +34,6 @@ def _needs(row: str) -> str | None:
         return "transformers"
     return "timm" if row == "mixer_tiny" or row.startswith("timm_") else None
 
-
-# the sweep's committed choice of each timm family's smallest model: without it, finding a row counts every family
-TIMM_PLAN = Path(__file__).resolve().parents[2] / "docs" / "_generated" / "arch_sweep_timm_plan.json"
 
 # (row, technique) -> why the cell fails today; strict xfail: remove an entry when its cell passes
 EXPECTED_FAIL: dict[tuple[str, str], str] = {
@@ -75,7 +71,7 @@ def test_arch_sweep_sample(row: str, tech: str):
         pytest.skip(f"{row} needs {need}")
     added = row not in ARCHS
     if added:  # registered for this cell only: the zoo's own table lists ARCHS at the end of the session
-        register(find_row(row, TIMM_PLAN))
+        register(find_row(row, timm_plan(DEFAULT_OUT)))  # the committed plan: counting every family takes minutes
     torch.set_num_threads(min(2, torch.get_num_threads()))
     try:
         with warnings.catch_warnings():
