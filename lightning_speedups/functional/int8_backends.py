@@ -22,6 +22,7 @@ from lightning_speedups._errors import check_choice, require
 
 __all__ = [
     "Int8Backend",
+    "called_linears",
     "count_quantized_layers",
     "get_int8_backend",
     "list_int8_backends",
@@ -136,19 +137,50 @@ def _fx_static(model: nn.Module, example: tuple[Any, ...], calibration: Sequence
         return convert_fx(prepared)
 
 
+def called_linears(model: nn.Module, example: tuple[Any, ...]) -> set[str]:
+    """The names of the ``nn.Linear`` modules that a forward pass on ``example`` calls as modules.
+
+    A Linear whose weight the parent's forward reads itself (``F.linear(x, self.qkv.weight)``: timm's EVA, BEiT and
+    Swin v2 attention) is never called. Swapping it for a dynamic int8 layer breaks that read (a torch.ao quantized
+    Linear's ``weight`` is a method) or quantizes nothing, so the dynamic paths leave such layers in float and
+    quantize the others.
+
+    Example::
+
+        >>> sorted(called_linears(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),)))
+        ['0']
+    """
+    called: set[str] = set()
+
+    def hook(name: str) -> Callable[..., None]:
+        return lambda _module, _args: called.add(name)
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.no_grad():
+            model(*example)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return called
+
+
 def _eager_dynamic(model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool):
+    layers = called_linears(model, example)
     with quiet_ao():
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
         _x86_engine()
-        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        return quantize_dynamic(model, dict.fromkeys(sorted(layers), per_channel_dynamic_qconfig), dtype=torch.qint8)
 
 
 def _torchao_dynamic(
     model: nn.Module, example: tuple[Any, ...], calibration: Sequence[tuple[Any, ...]], calibrate: bool
 ):
     tq = require("torchao.quantization", "quantization", "torchao int8 inference")
-    tq.quantize_(model, tq.Int8DynamicActivationInt8WeightConfig())
+    layers = called_linears(model, example)
+    tq.quantize_(model, tq.Int8DynamicActivationInt8WeightConfig(),
+                 filter_fn=lambda module, name: isinstance(module, nn.Linear) and name in layers)  # fmt: skip
     return model
 
 

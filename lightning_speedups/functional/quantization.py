@@ -305,7 +305,10 @@ def quantize_for_inference(
 
     ``model`` itself is not changed (fake quantization from QAT is stripped in a CPU copy). Candidates are the
     registered backends (``fx_static``, ``eager_dynamic``, ``torchao_dynamic``; ``pt2e_inductor`` with
-    ``allow_compile``), see :mod:`~lightning_speedups.functional.int8_backends`.
+    ``allow_compile``), see :mod:`~lightning_speedups.functional.int8_backends`. The dynamic paths quantize the
+    ``nn.Linear`` layers the forward pass calls; a Linear whose weight its parent reads itself
+    (``F.linear(x, self.qkv.weight)``, as in timm's EVA, BEiT and Swin v2) stays in float and is listed in the
+    report's ``unsupported_layers``.
 
     Args:
         model: float model (``nn.Module`` or ``LightningModule``).

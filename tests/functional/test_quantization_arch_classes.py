@@ -123,3 +123,38 @@ def test_quantization_t5_seq2seq_output():
     cand = report.candidates["eager_dynamic"]
     assert cand["status"] in ("ok", "too_inaccurate"), cand  # compared on Seq2SeqLMOutput.logits
     assert cand["quantized_layers"] > 0
+
+
+class FunctionalWeight(nn.Module):
+    """An attention-style block whose forward reads ``self.qkv.weight`` itself (``F.linear``, as timm's EVA, BEiT and
+    Swin v2 do) next to Linears it calls as modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj, self.head = nn.Linear(32, 96), nn.Linear(32, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = nn.functional.linear(x, self.qkv.weight, self.qkv.bias).chunk(3, dim=-1)
+        return self.head(self.proj(q * k.sigmoid() + v))
+
+
+@pytest.mark.parametrize("backend", ["eager_dynamic", "torchao_dynamic"])
+def test_quantization_leaves_a_functionally_read_linear_in_float(backend, tmp_path):
+    """Before: eager_dynamic failed (``linear(): argument 'weight' must be Tensor, not method``), torchao_dynamic
+    with an IndexError, and the float model came back. Now the read layer stays float, the called ones are int8,
+    and the saved model rebuilds."""
+    if backend == "torchao_dynamic":
+        pytest.importorskip("torchao")
+    from lightning_speedups import load_quantized, save_quantized
+
+    torch.manual_seed(0)
+    model, x = FunctionalWeight().eval(), torch.randn(16, 32)
+    qmodel, report = quantize_for_inference(model, x, backend=backend, min_speedup=0.0, repeats=2, budget_s=1.0)
+    cand = report.candidates[backend]
+    assert cand["status"] == "ok" and cand["quantized_layers"] == 2, cand
+    assert report.backend == backend and report.unsupported_layers == ["qkv"]
+    assert type(model.qkv) is nn.Linear and count_quantized_layers(model) == 0  # the user's model is not changed
+    save_quantized(qmodel, report, tmp_path / "q.pt")
+    reloaded = load_quantized(tmp_path / "q.pt", FunctionalWeight().eval(), x)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), qmodel(x))
