@@ -16,7 +16,7 @@ from lightning_speedups._compat import averaged_model
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import keep_metadata
-from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model
+from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model, follow_shapes
 
 __all__ = ["AVERAGING_CALLBACKS", "EMA", "SHARDED_STRATEGIES"]
 
@@ -121,6 +121,25 @@ class EMA(EMAWeightAveraging):
             f"EMA: decay {self.decay}{' with warm-up' if self.warmup else ''}, every {self.update_every_n_steps} "
             "step(s); validation and the final model use the average."
         )
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._follow_shapes(pl_module)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._follow_shapes(pl_module)
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def _follow_shapes(self, pl_module: L.LightningModule) -> None:
+        """A tensor the forward pass rebuilt at another shape (timm ConViT's ``rel_indices``) is copied into the
+        average before it updates (:func:`~lightning_speedups.functional.ema.follow_shapes`)."""
+        average = averaged_model(self)
+        if average is not None:
+            follow_shapes(average.module, pl_module)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

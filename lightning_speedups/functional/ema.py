@@ -28,7 +28,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
 
-__all__ = ["EMAUpdate", "check_decay", "create_ema_model", "ema_decay", "swap_ema_weights"]
+__all__ = ["EMAUpdate", "check_decay", "create_ema_model", "ema_decay", "follow_shapes", "swap_ema_weights"]
 
 
 def check_decay(decay: float) -> float:
@@ -108,6 +108,38 @@ def create_ema_model(
         -0.1818
     """
     return AveragedModel(model, device=device, use_buffers=use_buffers, multi_avg_fn=EMAUpdate(decay, warmup))
+
+
+def follow_shapes(average: nn.Module, model: nn.Module) -> list[str]:
+    """Give ``average`` (an ``AveragedModel``'s ``module``) a copy of each tensor of ``model`` whose shape changed
+    since the average was made; return their names.
+
+    Some models build a tensor on their first forward pass: timm's ConViT replaces its ``rel_indices`` buffer (made
+    ``[1, 1, 1, 3]``) by one sized for the input's patches. The average, copied before that step, would then fail to
+    update (``output with shape [1, 1, 1, 3] doesn't match the broadcast shape``). Call it before
+    ``update_parameters``; the average of such a tensor starts from the model's value.
+
+    Example::
+
+        >>> net = nn.Module()
+        >>> net.register_buffer("table", torch.zeros(1))
+        >>> ema = create_ema_model(net)
+        >>> net.table = torch.arange(4.0)  # the forward pass rebuilt it
+        >>> follow_shapes(ema.module, net), ema.module.table.shape
+        (['table'], torch.Size([4]))
+    """
+    mine = dict(itertools.chain(average.named_parameters(), average.named_buffers()))
+    changed = []
+    for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
+        held = mine.get(name)
+        if held is None or held.shape == tensor.shape:
+            continue
+        owner, _, attr = name.rpartition(".")
+        copy = tensor.detach().clone().to(held.device)
+        value = nn.Parameter(copy, requires_grad=False) if isinstance(held, nn.Parameter) else copy
+        setattr(average.get_submodule(owner), attr, value)
+        changed.append(name)
+    return changed
 
 
 def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint, StochasticWeightAveraging
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_speedups._compat import averaged_model
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.demo import DemoClassifier
@@ -213,3 +214,48 @@ def test_ema_resume_keeps_module_versions(tmp_path):
     torch.testing.assert_close(resumed.net.fc.weight, full.net.fc.weight)
     fresh = _VersionedModule()
     fresh.load_state_dict(torch.load(tmp_path / "half.ckpt", weights_only=True)["state_dict"])
+
+
+class _RebuiltBuffer(L.LightningModule):
+    """A buffer the forward pass replaces by one sized for the input, as timm's ConViT does with ``rel_indices``
+    (registered ``[1, 1, 1, 3]``, rebuilt ``[1, N, N, 3]`` on the first call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+        self.register_buffer("table", torch.zeros(1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table.shape[1] != x.shape[1]:
+            self.table = torch.linspace(0, 1, x.shape[1]).unsqueeze(0)
+        return self.fc(x * (1 + self.table))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_ema_follows_a_buffer_the_forward_rebuilds(tmp_path):
+    """Before: the first update failed (``output with shape [1, 1] doesn't match the broadcast shape [1, 8]``, the
+    sweep's timm_convit cell). The average takes the rebuilt buffer, and resume equals the uninterrupted run."""
+    g = torch.Generator().manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)), 8)
+
+    def fit(epochs: int, **kw: Any) -> _RebuiltBuffer:
+        L.seed_everything(0, verbose=False)
+        module = _RebuiltBuffer()
+        ema = EMA(decay=0.8)
+        trainer = quiet_trainer(max_epochs=epochs, callbacks=[ema])
+        trainer.fit(module, loader, **kw)
+        assert averaged_model(ema).module.table.shape == (1, 8)
+        if epochs == 1:
+            trainer.save_checkpoint(tmp_path / "half.ckpt")
+        return module
+
+    full = fit(2)
+    fit(1)
+    resumed = fit(2, ckpt_path=tmp_path / "half.ckpt")
+    torch.testing.assert_close(resumed.fc.weight, full.fc.weight)
