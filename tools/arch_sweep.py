@@ -86,6 +86,9 @@ SAMPLE: dict[str, tuple[str, ...]] = {
     "timm_ghostnet": ("pruning",),  # coupled concatenated halves: the amount would empty a layer
     "timm_pvt": ("pruning", "progressive_resizing"),  # attention without a free feed-forward block; a kernel > side
     "timm_pit": ("progressive_resizing",),  # a patch grid that only some sides divide
+    # classes the sweep found and the mechanism now handles (works cells)
+    "timm_eva": ("quantize_for_inference",),  # a Linear whose weight the parent reads itself (F.linear): stays float
+    "timm_convit": ("ema",),  # a buffer the forward pass rebuilds at another shape (rel_indices)
 }
 
 

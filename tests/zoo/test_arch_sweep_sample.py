@@ -5,7 +5,8 @@ Each cell runs as the sweep runs it (the zoo's fit, reload and resume checks, th
 stand-ins of each class (aux logits, dict outputs with pixel targets, an encoder-decoder, a weight-norm conv, channel
 shuffle, a token-mixing MLP, tied embeddings, an LSTM, BatchNorm's version metadata) and one timm model of each
 refusal class the sweep found (partial and mixed convolutions, coupled halves, attention without a free feed-forward
-block, sides the model cannot run at); ``SAMPLE`` in the tool lists them with the techniques each class is about.
+block, sides the model cannot run at) or that works since the mechanism was fixed for it (a Linear read by its parent,
+a buffer the forward rebuilds); ``SAMPLE`` in the tool lists them with the techniques each class is about.
 Cells that do not conform yet are in ``EXPECTED_FAIL`` with their reason: they xfail strictly, so a fixed cell shows
 as XPASS and its entry is to be removed.
 """
