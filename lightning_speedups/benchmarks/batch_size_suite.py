@@ -8,9 +8,13 @@ Per task (its planned data and model, seed 0, the user's own optimizer and loade
   reference. The row keeps each size's step times: the step-time curve that ``tests`` replays with seeded noise.
 * ``quiet``: ``runs`` default searches (``find_batch_size`` with the same ``max_val``), each choice scored as its
   sweep rate over the best size's (target: >= 0.9 on every task).
+* ``paired``: each size the quiet searches chose other than the sweep's best, re-measured against the best in
+  ``PAIRED_ROUNDS`` paired rounds (one size alone, then the other, the order alternating), scored as the median of
+  the per-round ratios. The sweep measures the sizes one after another, so a drift of the machine's speed between
+  them (minutes apart) enters its ratios; a pair measured in the same round shares the drift. Both scores are kept.
 * ``load``: the same beside one CPU-bound busy-loop process (``background_load``): a sweep under that load
   (``LOAD_PASSES`` passes at least: steps are bimodal there, fast whenever the busy process is descheduled), then
-  ``load_runs`` searches scored against it (target: >= 0.9 in 9 of 10 searches per task).
+  ``load_runs`` searches scored against it (target: >= 0.9 in 9 of 10 searches per task), and ``load_paired``.
 
 Rows are written one by one to the JSON file (an interrupted run keeps them; a re-run skips the ``(task, phase)``
 rows it holds). Ranks are in the finder's own unit: real tokens/s on token sequences, samples/s otherwise.
@@ -45,9 +49,12 @@ from lightning_speedups.tuner import find_batch_size
 
 __all__ = ["PHASES", "format_summary", "main", "run_suite", "summarize"]
 
-PHASES = ("sweep", "quiet", "load_sweep", "load")
+PHASES = ("sweep", "quiet", "paired", "load_sweep", "load", "load_paired")
 QUICK_TASKS = ("tabular_mlp", "digits")
 LOAD_PASSES = 3  # sweeps beside the busy process: one pass of 4 steps per size read a lucky fast mode as the best
+# paired re-measurements of a chosen size against the sweep's best: rounds on a quiet machine, and beside the busy
+# process (bimodal steps there: the median of more rounds)
+PAIRED_ROUNDS = {"paired": 5, "load_paired": 9}
 _UNTRUSTED = "timing cannot be trusted"
 
 
@@ -95,13 +102,42 @@ def _searches(w: Workload, runs: int, max_val: int, small: bool, sweep: dict[str
     return {"searches": found, "best": sweep["best"]}
 
 
+def _unit_time(w: Workload, b: int, small: bool, steps: int) -> float:
+    """Per-sample (per-token) step time of size ``b`` alone: a one-size sweep, its median step."""
+    result, _s, _u = _search(w, small, mode="sweep", init_val=b, max_val=b, steps_per_trial=steps, warmup_steps=1,
+                             trial_samples=None, trial_time=None)  # fmt: skip
+    trial = next((t for t in result.trials if t.batch_size == b and t.ok), None)
+    return per_sample_time(trial) if trial is not None else float("inf")
+
+
+def _paired(w: Workload, rounds: int, small: bool, steps: int, searched: dict[str, Any]) -> dict[str, Any]:
+    """Each size the searches chose other than the sweep's best, re-measured against it in ``rounds`` paired rounds
+    (the order alternating): its score is the median over rounds of best's per-unit time / its own. A sweep measures
+    the sizes one after another, so a drift of the machine's speed between them (this KVM guest's rate of one size
+    moved 108-149 samples/s within minutes) enters its ratios; a pair measured in the same round shares it."""
+    best = int(searched["best"])
+    pairs: dict[int, dict[str, Any]] = {}
+    for chosen in sorted({int(s["chosen"]) for s in searched["searches"]} - {best}):
+        ratios = []
+        for r in range(rounds):
+            order = (chosen, best) if r % 2 == 0 else (best, chosen)
+            times = {b: _unit_time(w, b, small, steps) for b in order}
+            ratios.append(times[best] / times[chosen])
+        pairs[chosen] = {"score": statistics.median(ratios), "ratios": [round(x, 4) for x in ratios]}
+    return {"best": best, "pairs": pairs}
+
+
 def _phase(w: Workload, phase: str, args: dict[str, Any], held: dict[str, Any]) -> dict[str, Any]:
     max_val, small = args["max_val"], args["small"]
     if phase == "sweep":
         return _sweep(w, max_val, args["passes"], small, args["steps"])
     if phase == "quiet":
         return _searches(w, args["runs"], max_val, small, held["sweep"])
+    if phase == "paired":
+        return _paired(w, args["rounds"]["paired"], small, args["steps"], held["quiet"])
     with background_load():
+        if phase == "load_paired":
+            return _paired(w, args["rounds"]["load_paired"], small, args["steps"], held["load"])
         if phase == "load_sweep":  # steps under load are bimodal: the reference needs more passes than quiet
             return _sweep(w, max_val, args["load_passes"], small, args["steps"])
         _search(w, small, max_val=max_val)  # warm the process up under load, untimed
@@ -139,7 +175,8 @@ def run_suite(
     workloads = [get_workload(n) for n in (tasks or (QUICK_TASKS if quick else list_workloads()))]
     args = {"max_val": 32 if quick else max_val, "small": quick, "passes": 1 if quick else passes,
             "runs": 1 if quick else runs, "load_runs": min(load_runs, 1) if quick else load_runs,
-            "steps": 2 if quick else 4, "load_passes": 1 if quick else max(passes, LOAD_PASSES)}  # fmt: skip
+            "steps": 2 if quick else 4, "load_passes": 1 if quick else max(passes, LOAD_PASSES),
+            "rounds": {k: 1 if quick else v for k, v in PAIRED_ROUNDS.items()}}  # fmt: skip
     path = Path(json_path) if json_path is not None else None
     rows = read_rows(path, ("task", "phase")) if path is not None else []
     machine = machine_info()
@@ -161,6 +198,9 @@ def run_suite(
 
 
 def _line(row: dict[str, Any]) -> str:
+    if "pairs" in row:
+        scores = {int(b): round(p["score"], 3) for b, p in row["pairs"].items()}
+        return f"{row['task']} {row['phase']}: best {row['best']}, paired score per chosen size {scores}"
     if "searches" in row:
         chosen = [(s["chosen"], None if s["score"] is None else round(s["score"], 2)) for s in row["searches"]]
         return f"{row['task']} {row['phase']}: best {row['best']}, (chosen, score) {chosen}"
@@ -186,6 +226,12 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "n": len(scores),
                 "search_s": statistics.median(s["search_s"] for s in by[phase]["searches"]),
             }
+            paired = by.get("paired" if phase == "quiet" else "load_paired")
+            if paired is not None:
+                pair = {int(b): p["score"] for b, p in paired["pairs"].items()}
+                again = [1.0 if c == int(paired["best"]) else pair.get(int(c), 0.0) for c in entry[phase]["chosen"]]
+                entry[phase]["paired_scores"] = [round(x, 3) for x in again]
+                entry[phase]["paired_hits"] = sum(x >= 0.9 for x in again)
         out.append(entry)
     return out
 
@@ -195,7 +241,10 @@ def _cell(d: dict[str, Any] | None, key: str, spec: str = "") -> str:
 
 
 def _hits(d: dict[str, Any] | None) -> str:
-    return "-" if d is None else f"{d['hits']}/{d['n']}"
+    if d is None:
+        return "-"
+    again = f" (paired: {d['paired_hits']}/{d['n']}, min {min(d['paired_scores'])})" if "paired_hits" in d else ""
+    return f"{d['hits']}/{d['n']}{again}"
 
 
 def format_summary(summary: Sequence[dict[str, Any]]) -> str:
