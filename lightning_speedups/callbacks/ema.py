@@ -49,7 +49,7 @@ class EMA(EMAWeightAveraging):
       raw weights too, because ``on_train_end`` copied the average into the model; the raw weights are kept at that
       point, so resuming from such a checkpoint continues from them, like an uninterrupted run.
     * **Tensors the forward pass rebuilds.** A buffer replaced at another shape on the first call (timm ConViT's
-      ``rel_indices``) is copied into the average before it updates
+      ``rel_indices``) or materialized (a lazy module) is copied into the average before it updates
       (``lightning_speedups.functional.ema.follow_shapes``); Lightning's update would fail on the shapes.
 
     Args:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
@@ -115,8 +116,9 @@ def follow_shapes(average: nn.Module, model: nn.Module) -> list[str]:
     since the average was made; return their names.
 
     Some models build a tensor on their first forward pass: timm's ConViT replaces its ``rel_indices`` buffer (made
-    ``[1, 1, 1, 3]``) by one sized for the input's patches. The average, copied before that step, would then fail to
-    update (``output with shape [1, 1, 1, 3] doesn't match the broadcast shape``). Call it before
+    ``[1, 1, 1, 3]``) by one sized for the input's patches, and a lazy module (``nn.LazyLinear``) materializes its
+    weights. The average, copied before that step, would then fail to update (``output with shape [1, 1, 1, 3]
+    doesn't match the broadcast shape``; ``Can't access the shape of an uninitialized parameter``). Call it before
     ``update_parameters``; the average of such a tensor starts from the model's value.
 
     Example::
@@ -132,7 +134,7 @@ def follow_shapes(average: nn.Module, model: nn.Module) -> list[str]:
     changed = []
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
         held = mine.get(name)
-        if held is None or held.shape == tensor.shape:
+        if held is None or is_lazy(tensor) or (not is_lazy(held) and held.shape == tensor.shape):
             continue
         owner, _, attr = name.rpartition(".")
         copy = tensor.detach().clone().to(held.device)

@@ -238,22 +238,33 @@ class _RebuiltBuffer(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_ema_follows_a_buffer_the_forward_rebuilds(tmp_path):
+class _Lazy(_RebuiltBuffer):
+    """A lazy module: its weight is materialized by the first forward pass, after the average was copied."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.LazyLinear(3)
+
+
+@pytest.mark.parametrize("module", [_RebuiltBuffer, _Lazy], ids=["rebuilt_buffer", "lazy_linear"])
+def test_ema_follows_tensors_made_on_the_first_forward(module, tmp_path):
     """Before: the first update failed (``output with shape [1, 1] doesn't match the broadcast shape [1, 8]``, the
-    sweep's timm_convit cell). The average takes the rebuilt buffer, and resume equals the uninterrupted run."""
+    sweep's timm_convit cell; ``Can't access the shape of an uninitialized parameter`` for a LazyLinear). The
+    average takes the new tensor, and resume equals the uninterrupted run."""
     g = torch.Generator().manual_seed(0)
     loader = DataLoader(TensorDataset(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)), 8)
 
-    def fit(epochs: int, **kw: Any) -> _RebuiltBuffer:
+    def fit(epochs: int, **kw: Any) -> L.LightningModule:
         L.seed_everything(0, verbose=False)
-        module = _RebuiltBuffer()
+        net = module()
         ema = EMA(decay=0.8)
         trainer = quiet_trainer(max_epochs=epochs, callbacks=[ema])
-        trainer.fit(module, loader, **kw)
-        assert averaged_model(ema).module.table.shape == (1, 8)
+        trainer.fit(net, loader, **kw)
+        average = averaged_model(ema).module
+        assert average.table.shape == (1, 8) and average.fc.weight.shape == (3, 8)
         if epochs == 1:
             trainer.save_checkpoint(tmp_path / "half.ckpt")
-        return module
+        return net
 
     full = fit(2)
     fit(1)
