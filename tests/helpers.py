@@ -39,9 +39,8 @@ def load_benchmark_script(name: str) -> ModuleType:
 def simulated_trials(seed: int, step_time: Callable[[int], float], jitter: float, outlier_every: int, cfg: Any):
     """A seeded ``measure(b)`` for ``search_batch_size`` and its simulated clock: no training.
 
-    It runs a trial the way ``run_trial`` does (timed steps until ``cfg.steps_per_trial`` steps, ``trial_samples``
-    samples or ``trial_time`` seconds), each step costing ``step_time(b) * (1 +- jitter)``, times 3 one step in
-    ``outlier_every``.
+    It runs a trial the way ``run_trial`` does (timed steps until ``cfg.trial_done``), each step costing
+    ``step_time(b) * (1 +- jitter)``, times 3 one step in ``outlier_every``.
     """
     from lightning_speedups.functional.batch_size import BatchSizeTrial
 
@@ -49,8 +48,7 @@ def simulated_trials(seed: int, step_time: Callable[[int], float], jitter: float
 
     def measure(b: int) -> BatchSizeTrial:
         start, times, seen = now[0], [], 0
-        while not times or not (len(times) >= cfg.steps_per_trial or seen >= (cfg.trial_samples or 10**12)
-                                or sum(times) >= (cfg.trial_time or float("inf"))):  # fmt: skip
+        while not cfg.trial_done(len(times), seen, sum(times)):
             dt = step_time(b) * (1.0 + rng.uniform(-jitter, jitter))
             dt *= 3.0 if rng.random() < 1.0 / outlier_every else 1.0
             now[0] += dt

@@ -24,7 +24,7 @@ from tests.helpers import quiet_trainer
 def Digits(batch_size: int = 32) -> DigitsDataModule:  # noqa: N802
     return DigitsDataModule(batch_size=batch_size, size=16)
 
-TINY = dict(steps_per_trial=1, warmup_steps=0, verbose=False)
+TINY = dict(steps_per_trial=1, warmup_steps=0, verbose=False, trial_min_time=None)
 
 
 def finder(**kw: Any) -> ThroughputBatchSizeFinder:
@@ -160,12 +160,22 @@ def test_batch_size_trials_are_budgeted_and_warm_up_once():
     # confirm_rounds=1: single trials, so the steps below are all there is (no re-measurement under noise)
     result = find_batch_size(quiet_trainer(max_epochs=1), model, Digits(), mode="sweep", init_val=16, max_val=128,
                              steps_per_trial=3, warmup_steps=1, trial_samples=64, trial_time=None, verbose=False,
-                             confirm_rounds=1)
+                             confirm_rounds=1, trial_min_time=None)  # fmt: skip
     # 16: one warm-up + 3 timed (48 samples < 64); 32: 2 timed (64 samples); 64 and 128: one step each; no warm-up
     # after the first size on CPU
     assert model.sizes == [16] * 4 + [32] * 2 + [64, 128]
     assert [len(t.step_times) for t in result.trials] == [3, 2, 1, 1]
     assert all(t.samples_per_s == max(t.batch_size / dt for dt in t.step_times) for t in result.trials)
+
+
+def test_batch_size_trials_of_millisecond_steps_last_trial_min_time():
+    """Steps of a few milliseconds: each trial goes on past ``trial_samples`` until its timed steps took
+    ``trial_min_time`` (a CPU-bound neighbour's time slice is several milliseconds)."""
+    result = find_batch_size(quiet_trainer(max_epochs=1), DemoClassifier(width=4), Digits(), mode="sweep",
+                             init_val=16, max_val=64, trial_samples=16, trial_min_time=0.05, verbose=False,
+                             confirm_rounds=1)  # fmt: skip
+    assert all(sum(t.step_times) >= 0.05 for t in result.trials)
+    assert any(len(t.step_times) > 1 for t in result.trials)  # one 16-sample step would have ended every trial
 
 
 def test_batch_size_restores_when_step_raises():

@@ -199,15 +199,7 @@ def _timed_steps(
     try:
         while True:
             timed = i >= warmup
-            if (
-                timed
-                and times
-                and (
-                    len(times) >= cfg.steps_per_trial
-                    or (cfg.trial_samples is not None and seen >= cfg.trial_samples)
-                    or (cfg.trial_time is not None and spent >= cfg.trial_time)
-                )
-            ):
+            if timed and cfg.trial_done(len(times), seen, spent):
                 break
             t0 = clock()
             try:

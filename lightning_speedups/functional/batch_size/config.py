@@ -27,6 +27,11 @@ class BatchSizeSearchConfig:
         trial_samples: a size stops timing once its timed steps have seen this many samples (``None``: no limit),
             so large sizes take one step instead of ``steps_per_trial``.
         trial_time: a size stops timing once its timed steps took this many seconds (``None``: no limit).
+        trial_min_time: but not before its timed steps took this many seconds, whatever ``steps_per_trial`` and
+            ``trial_samples`` say (``None``: no floor). Linux gives a CPU-bound neighbour slices of several
+            milliseconds, so a trial of a few millisecond steps reads whether the neighbour ran, not the step: on a
+            small MLP (2-10 ms steps) one-step trials beside a busy process separated the slower size. The default
+            changes nothing for steps of 17 ms and more.
         min_gain: a doubling must raise samples/s by more than this fraction to count as progress; also the
             tolerance inside which the smallest size is preferred.
         patience: stop after this many doublings in a row without progress (the plateau rule).
@@ -70,6 +75,7 @@ class BatchSizeSearchConfig:
     warmup_steps: int = 1
     trial_samples: int | None = 256
     trial_time: float | None = 1.0
+    trial_min_time: float | None = 0.05
     min_gain: float = 0.05
     patience: int = 2
     early_plateau: bool = True
@@ -81,6 +87,25 @@ class BatchSizeSearchConfig:
     confidence: float = 0.95
     search_time: float | None = None
     confirm_budget: float | None = 2.0
+
+    def trial_done(self, steps: int, samples: int, seconds: float) -> bool:
+        """Whether a trial that has timed ``steps`` steps of ``samples`` samples in ``seconds`` stops: after
+        ``steps_per_trial`` steps, ``trial_samples`` samples or ``trial_time`` seconds, once ``trial_min_time``
+        seconds are reached (and after one step at least).
+
+        Example::
+
+            >>> cfg = BatchSizeSearchConfig()
+            >>> cfg.trial_done(3, 48, 0.3), cfg.trial_done(3, 48, 0.006), cfg.trial_done(1, 512, 2.0)
+            (True, False, True)
+        """
+        if steps < 1 or (self.trial_min_time is not None and seconds < self.trial_min_time):
+            return False
+        return (
+            steps >= self.steps_per_trial
+            or (self.trial_samples is not None and samples >= self.trial_samples)
+            or (self.trial_time is not None and seconds >= self.trial_time)
+        )
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -104,6 +129,9 @@ class BatchSizeSearchConfig:
             raise SpeedupConfigError(
                 f"`trial_time`={self.trial_time!r} is invalid. Allowed values: a positive number of seconds or None."
             )
+        if self.trial_min_time is not None:
+            hint = "seconds of timed steps a trial takes at least, e.g. 0.05, or None for no floor"
+            check_range("trial_min_time", self.trial_min_time, 0.0, None, low_inclusive=False, hint=hint)
         if self.init_val > self.max_val:
             raise SpeedupConfigError(
                 f"`init_val`={self.init_val!r} is larger than `max_val`={self.max_val!r}. "
