@@ -29,9 +29,10 @@ class BatchSizeSearchConfig:
         trial_time: a size stops timing once its timed steps took this many seconds (``None``: no limit).
         trial_min_time: but not before its timed steps took this many seconds, whatever ``steps_per_trial`` and
             ``trial_samples`` say (``None``: no floor). Linux gives a CPU-bound neighbour slices of several
-            milliseconds, so a trial of a few millisecond steps reads whether the neighbour ran, not the step: on a
-            small MLP (2-10 ms steps) one-step trials beside a busy process separated the slower size. The default
-            changes nothing for steps of 17 ms and more.
+            milliseconds, so a trial of a few millisecond steps can read whether the neighbour ran rather than the
+            step. Tried at 0.05 s on the workload suite beside a busy process, it did not help the MLP whose one-step
+            trials motivated it (7 of 10 searches within 0.9x of the best, against 8 of 10 without) and made its
+            search 2-10x longer, so it is off by default (docs/evidence.md, section 'Batch-size finder').
         min_gain: a doubling must raise samples/s by more than this fraction to count as progress; also the
             tolerance inside which the smallest size is preferred.
         patience: stop after this many doublings in a row without progress (the plateau rule).
@@ -75,7 +76,7 @@ class BatchSizeSearchConfig:
     warmup_steps: int = 1
     trial_samples: int | None = 256
     trial_time: float | None = 1.0
-    trial_min_time: float | None = 0.05
+    trial_min_time: float | None = None
     min_gain: float = 0.05
     patience: int = 2
     early_plateau: bool = True
@@ -95,7 +96,7 @@ class BatchSizeSearchConfig:
 
         Example::
 
-            >>> cfg = BatchSizeSearchConfig()
+            >>> cfg = BatchSizeSearchConfig(trial_min_time=0.05)
             >>> cfg.trial_done(3, 48, 0.3), cfg.trial_done(3, 48, 0.006), cfg.trial_done(1, 512, 2.0)
             (True, False, True)
         """
