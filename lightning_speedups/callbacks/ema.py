@@ -16,7 +16,7 @@ from lightning_speedups._compat import averaged_model
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._structure import keep_metadata
-from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model, follow_shapes
+from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model, follow_shapes_at_update
 
 __all__ = ["AVERAGING_CALLBACKS", "EMA", "SHARDED_STRATEGIES"]
 
@@ -49,7 +49,7 @@ class EMA(EMAWeightAveraging):
       raw weights too, because ``on_train_end`` copied the average into the model; the raw weights are kept at that
       point, so resuming from such a checkpoint continues from them, like an uninterrupted run.
     * **Tensors the forward pass rebuilds.** A buffer replaced at another shape on the first call (timm ConViT's
-      ``rel_indices``) or materialized (a lazy module) is copied into the average before it updates
+      ``rel_indices``) or materialized (a lazy module) is copied into the average when it updates
       (``lightning_speedups.functional.ema.follow_shapes``); Lightning's update would fail on the shapes.
 
     Args:
@@ -117,6 +117,9 @@ class EMA(EMAWeightAveraging):
                 )
             self._raw_state = None
         super().setup(trainer, pl_module, stage)
+        average = averaged_model(self)
+        if stage == "fit" and average is not None:  # Lightning's AveragedModel, following shapes at each update
+            follow_shapes_at_update(average)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -124,25 +127,6 @@ class EMA(EMAWeightAveraging):
             f"EMA: decay {self.decay}{' with warm-up' if self.warmup else ''}, every {self.update_every_n_steps} "
             "step(s); validation and the final model use the average."
         )
-
-    @override
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._follow_shapes(pl_module)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-    @override
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._follow_shapes(pl_module)
-        super().on_train_epoch_end(trainer, pl_module)
-
-    def _follow_shapes(self, pl_module: L.LightningModule) -> None:
-        """A tensor the forward pass rebuilt at another shape (timm ConViT's ``rel_indices``) is copied into the
-        average before it updates (:func:`~lightning_speedups.functional.ema.follow_shapes`)."""
-        average = averaged_model(self)
-        if average is not None:
-            follow_shapes(average.module, pl_module)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -29,7 +29,16 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
 
-__all__ = ["EMAUpdate", "check_decay", "create_ema_model", "ema_decay", "follow_shapes", "swap_ema_weights"]
+__all__ = [
+    "EMAUpdate",
+    "FollowingAveragedModel",
+    "check_decay",
+    "create_ema_model",
+    "ema_decay",
+    "follow_shapes",
+    "follow_shapes_at_update",
+    "swap_ema_weights",
+]
 
 
 def check_decay(decay: float) -> float:
@@ -95,7 +104,8 @@ def create_ema_model(
         device: keep the average on another device (e.g. ``"cpu"`` to save accelerator memory).
 
     Returns:
-        The ``AveragedModel``; ``ema.module`` is the averaged network.
+        The ``AveragedModel`` (a :class:`FollowingAveragedModel`: tensors the first forward pass builds are followed);
+        ``ema.module`` is the averaged network.
 
     Example::
 
@@ -108,7 +118,7 @@ def create_ema_model(
         >>> round(float((ema.module.weight - net.weight).detach().mean()), 4)
         -0.1818
     """
-    return AveragedModel(model, device=device, use_buffers=use_buffers, multi_avg_fn=EMAUpdate(decay, warmup))
+    return FollowingAveragedModel(model, device=device, use_buffers=use_buffers, multi_avg_fn=EMAUpdate(decay, warmup))
 
 
 def follow_shapes(average: nn.Module, model: nn.Module) -> list[str]:
@@ -118,8 +128,8 @@ def follow_shapes(average: nn.Module, model: nn.Module) -> list[str]:
     Some models build a tensor on their first forward pass: timm's ConViT replaces its ``rel_indices`` buffer (made
     ``[1, 1, 1, 3]``) by one sized for the input's patches, and a lazy module (``nn.LazyLinear``) materializes its
     weights. The average, copied before that step, would then fail to update (``output with shape [1, 1, 1, 3]
-    doesn't match the broadcast shape``; ``Can't access the shape of an uninitialized parameter``). Call it before
-    ``update_parameters``; the average of such a tensor starts from the model's value.
+    doesn't match the broadcast shape``; ``Can't access the shape of an uninitialized parameter``).
+    :class:`FollowingAveragedModel` calls it at each update; the average of such a tensor starts from the model's value.
 
     Example::
 
@@ -142,6 +152,23 @@ def follow_shapes(average: nn.Module, model: nn.Module) -> list[str]:
         setattr(average.get_submodule(owner), attr, value)
         changed.append(name)
     return changed
+
+
+class FollowingAveragedModel(AveragedModel):
+    """torch's ``AveragedModel`` whose update first takes from the model each tensor whose shape changed since the
+    copy (:func:`follow_shapes`), so that the update does not fail on it. The state is the same as the base class's."""
+
+    def update_parameters(self, model: nn.Module) -> None:
+        follow_shapes(self.module, model)
+        super().update_parameters(model)
+
+
+def follow_shapes_at_update(average: AveragedModel) -> AveragedModel:
+    """``average`` (an ``AveragedModel`` built elsewhere: Lightning's ``WeightAveraging`` builds a plain one) as a
+    :class:`FollowingAveragedModel`: the same object and state, its class changed, so no second copy of the model."""
+    if not isinstance(average, FollowingAveragedModel):
+        average.__class__ = FollowingAveragedModel
+    return average
 
 
 def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:

@@ -72,3 +72,14 @@ def test_ema_functional_misconfiguration():
         create_ema_model(nn.Linear(1, 1), decay=1.0)
     with pytest.raises(SpeedupConfigError, match=r"`warmup`='yes' is not supported. Allowed values: True, False"):
         EMAUpdate(0.9, warmup="yes")  # type: ignore[arg-type]
+
+
+def test_create_ema_model_follows_a_lazy_module_materialized_after_the_copy():
+    net = nn.Sequential(nn.LazyLinear(3))
+    ema = create_ema_model(net, decay=0.5, warmup=False)  # copied while the weight is still uninitialized
+    net(torch.randn(4, 5))  # the first forward pass materializes it
+    with torch.no_grad():
+        ema.update_parameters(net)  # first update: a copy
+        net[0].weight.add_(1.0)
+        ema.update_parameters(net)
+    torch.testing.assert_close(ema.module[0].weight, net[0].weight - 0.5)
