@@ -71,14 +71,21 @@ def _search(w: Workload, small: bool, **kwargs: Any) -> tuple[BatchSizeSearchRes
     return result, elapsed, any(_UNTRUSTED in str(c.message) for c in caught)
 
 
+def _sweep_pass(w: Workload, small: bool, steps: int, **sizes: int) -> BatchSizeSearchResult:
+    """One ``mode="sweep"`` pass over ``sizes`` (``max_val``, and ``init_val`` for one size alone): every size one
+    warm-up step (the first only, on CPU) then ``steps`` timed ones."""
+    result, _s, _u = _search(w, small, mode="sweep", steps_per_trial=steps, warmup_steps=1, trial_samples=None,
+                             trial_time=None, **sizes)  # fmt: skip
+    return result
+
+
 def _sweep(w: Workload, max_val: int, passes: int, small: bool, steps: int) -> dict[str, Any]:
     """Every ladder size ``passes`` times; per size the median per-unit step time and every pass's step times."""
     per_unit: dict[int, list[float]] = {}
     step_s: dict[int, list[float]] = {}
     unit = "samples"
     for _ in range(passes):
-        result, _s, _u = _search(w, small, mode="sweep", max_val=max_val, steps_per_trial=steps, warmup_steps=1,
-                                 trial_samples=None, trial_time=None)  # fmt: skip
+        result = _sweep_pass(w, small, steps, max_val=max_val)
         unit = result.unit
         for t in result.trials:
             if t.ok:
@@ -104,8 +111,7 @@ def _searches(w: Workload, runs: int, max_val: int, small: bool, sweep: dict[str
 
 def _unit_time(w: Workload, b: int, small: bool, steps: int) -> float:
     """Per-sample (per-token) step time of size ``b`` alone: a one-size sweep, its median step."""
-    result, _s, _u = _search(w, small, mode="sweep", init_val=b, max_val=b, steps_per_trial=steps, warmup_steps=1,
-                             trial_samples=None, trial_time=None)  # fmt: skip
+    result = _sweep_pass(w, small, steps, init_val=b, max_val=b)
     trial = next((t for t in result.trials if t.batch_size == b and t.ok), None)
     return per_sample_time(trial) if trial is not None else float("inf")
 
