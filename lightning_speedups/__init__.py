@@ -18,6 +18,7 @@ from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.finetuning import FineTuneConfig, FineTuneFreezing
 from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
 from lightning_speedups.callbacks.lr_finder import LRFinder
+from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizing
 from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
@@ -121,6 +122,7 @@ __all__ = [
     "FineTuneFreezing",
     "Float8Training",
     "LRFinder",
+    "PrecisionTrial",
     "Pruning",
     "QuantizationAwareTraining",
     "SpeedAdvisor",

@@ -28,7 +28,15 @@ import torch
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 
-__all__ = ["CPU_ISA_RULES", "GPU_PEAKS", "IsaRule", "PeakEstimate", "device_peak_flops", "estimate_cpu_peak_flops"]
+__all__ = [
+    "CPU_ISA_RULES",
+    "GPU_PEAKS",
+    "IsaRule",
+    "PeakEstimate",
+    "cpu_bf16_units",
+    "device_peak_flops",
+    "estimate_cpu_peak_flops",
+]
 
 # module-level so tests can point them at fixture files
 _CPUINFO = Path("/proc/cpuinfo")
@@ -141,6 +149,26 @@ _LOW_PRECISION: dict[str, tuple[tuple[str, str, float | None, float, str], ...]]
              ("avx512_fp16", "AVX512-FP16", None, 2.0, "fp16 vectors at 2x the fp32 lanes")),
 }  # fmt: skip
 _NO_UNITS = {"bf16": "no bf16 units: counted at the fp32 rate", "fp16": "no fp16 units: counted at the fp32 rate"}
+
+
+_BF16_UNIT_FLAGS = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "ARM BF16"))
+
+
+def cpu_bf16_units(flags: str | Iterable[str] | None = None) -> str | None:
+    """The label of this CPU's bf16 units (``"AMX-BF16"``, ``"AVX512-BF16"``, ``"ARM BF16"``), or ``None`` where it
+    has none and bf16 is emulated in fp32 (about 10x slower than fp32 on a 2-core AMD EPYC without them).
+
+    Example::
+
+        >>> cpu_bf16_units("avx2 fma avx512f avx512_bf16"), cpu_bf16_units("avx2 fma")
+        ('AVX512-BF16', None)
+    """
+    if flags is None:
+        info = _read_cpuinfo()
+        have = info.flags if info is not None else _capability_flags()
+    else:
+        have = _flag_set(flags)
+    return next((label for flag, label in _BF16_UNIT_FLAGS if flag in have), None)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 from torch import nn
 
+from lightning_speedups import _peak
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.autotune import autotune
 from lightning_speedups.autotune.budget import Skipped, budget_note
@@ -144,3 +145,30 @@ def test_a_cached_plan_that_skipped_candidates_is_measured_again_with_a_larger_b
 def test_candidates_given_as_one_string_are_refused_by_name():
     with pytest.raises(SpeedupConfigError, match=r"`candidates`='precision' is a string\. Allowed values: a list"):
         autotune(DemoClassifier(width=4), _loader(), candidates="precision", cache=False)  # type: ignore[arg-type]
+
+
+def test_precision_that_the_budget_cannot_fit_is_timed_on_the_fits_own_steps(monkeypatch):
+    # 240 planned steps of 0.5 s with 2.5 s of trials: the 4 sizing steps leave 0.5 s, below one comparison (3.5 s).
+    # bf16 is then timed in the fit (PrecisionTrial): its steps train as they measure, so no trial time is lost
+    from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+
+    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
+    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], budget_s=2.5, max_steps=240)
+    assert [c.name for c in plan.choices] == ["precision"] and plan.choices[0].chosen == "in-fit trial"
+    assert plan.trainer_kwargs["precision"] == "32-true" and any(isinstance(c, PrecisionTrial) for c in plan.callbacks)
+    (note,) = [n for n in plan.notes if "not tried: what was left" in n]
+    assert note.startswith("nothing measured: ") and "channels_last not tried" in note and "precision" not in note
+    assert "fit's own first steps" in plan.to_text()
+    # a run too short for the trial to pay its two extra steps within 2% keeps the budget note instead
+    plan = _fake_tune(monkeypatch, FakeMachine({"bf16-mixed": 0.5}), ["precision"], budget_s=2.5, max_steps=40)
+    assert plan.choices == [] and "precision not tried" in plan.notes[0]
+
+
+def test_precision_is_not_tried_on_a_cpu_without_bf16_units(monkeypatch):
+    machine = FakeMachine({"bf16-mixed": 0.5})
+    _patched(monkeypatch, machine)
+    monkeypatch.setattr(_peak, "cpu_bf16_units", lambda: None)
+    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision"], methods=[], cache=False,
+                    clock=machine.clock, budget_s=2.5, max_steps=240)  # fmt: skip
+    assert plan.choices == [] and plan.callbacks == [] and machine.calls == 4  # the sizing steps only
+    assert any(n.startswith("precision not tried: this CPU has no bf16 units") for n in plan.notes)

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 from lightning_speedups.autotune.trials import APPLIES, BLOCKERS, CANDIDATES, Choice, TrialContext
 
-__all__ = ["SIZING_STEPS", "Skipped", "budget_note", "run_candidates", "size_step"]
+__all__ = [
+    "IN_FIT_MIN_STEPS",
+    "SIZING_STEPS",
+    "Skipped",
+    "budget_note",
+    "in_fit_precision",
+    "run_candidates",
+    "size_step",
+]
 
 SIZING_STEPS = 3  # timed, after one untimed: the median of three, so one slow step on a busy machine cannot size it
 
@@ -64,6 +72,24 @@ def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], l
         if choice is not None:
             choices.append(choice)
     return choices, skipped
+
+
+# the in-fit precision trial costs the slower option's extra time (at most PrecisionTrial's max_cost, 2% of the fit)
+# plus about two steps (its bf16 warm-up and the check of one bf16 step on a copy): it is planned only where those two
+# steps are within the same 2%
+IN_FIT_MIN_STEPS = 100
+
+
+def in_fit_precision(ctx: TrialContext) -> Choice:
+    """The precision choice when the budget could not fit its comparison: bf16 is timed against fp32 on the fit's
+    own first steps (:class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial`, in the plan's callbacks),
+    which train as they measure, so the plan still measures the candidate that matters most on bf16 hardware."""
+    ctx.plan["precision_trial"] = True
+    note = (
+        "bf16 timed against fp32 on the fit's own first steps (PrecisionTrial): the trial budget could not fit an "
+        "offline comparison, and those steps train as they measure"
+    )
+    return Choice("precision", "in-fit trial", ["32-true", "bf16-mixed"], 1.0, (1.0, 1.0), 0, note, changed=True)
 
 
 def _listed(values: list[tuple[str, float]]) -> str | None:

@@ -72,6 +72,18 @@ def _precision(ctx: TrialContext, share: float) -> Choice | None:
     return _decide(ctx, "precision", options, share)
 
 
+def _precision_blocker(ctx: TrialContext) -> str | None:
+    """A CPU without bf16 units emulates bf16 at about a tenth of the fp32 speed: its trial would only spend steps."""
+    from lightning_speedups._peak import cpu_bf16_units
+
+    if ctx.device.type == "cpu" and not ctx.no_bf16 and cpu_bf16_units() is None:
+        return (
+            "precision not tried: this CPU has no bf16 units (no amx_bf16, avx512_bf16 or ARM bf16 flag), where "
+            "bf16 is emulated and about 10x slower than fp32"
+        )
+    return None
+
+
 def _channels_last_blocker(ctx: TrialContext) -> str | None:
     images = [t for t in flat_tensors(ctx.batch) if t.dim() == 4]
     if not images or not any(isinstance(m, nn.Conv2d) for m in ctx.model.modules()):
@@ -187,7 +199,7 @@ def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, 
 
 
 for _name, _trial, _steps, _blocker in (
-    ("precision", _precision, COMPARISON_STEPS, None),
+    ("precision", _precision, COMPARISON_STEPS, _precision_blocker),
     ("channels_last", _channels_last, COMPARISON_STEPS, _channels_last_blocker),
     # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round
     ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS, _batch_size_blocker),

@@ -144,6 +144,10 @@ def build_plan(
         from lightning_speedups.callbacks.sequence_batching import SequenceBatching
 
         callbacks.append(SequenceBatching(strategy=settings["batching"]))
+    if settings.get("precision_trial"):  # the budget could not fit the precision comparison: the fit's steps do
+        from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+
+        callbacks.append(PrecisionTrial())
     if settings.get("channels_last"):
         from lightning_speedups.callbacks.channels_last import ChannelsLast
 

@@ -15,7 +15,13 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
-from lightning_speedups.autotune.budget import budget_note, run_candidates, size_step
+from lightning_speedups.autotune.budget import (
+    IN_FIT_MIN_STEPS,
+    budget_note,
+    in_fit_precision,
+    run_candidates,
+    size_step,
+)
 from lightning_speedups.autotune.data import device_twin
 from lightning_speedups.autotune.kinds import model_kind
 from lightning_speedups.autotune.methods import ema_choice, plan_methods, schedule_choice, schedule_warmup
@@ -252,8 +258,12 @@ def _run_candidates(
 ) -> tuple[list[Choice], list[str]]:
     """The candidates' choices and the names the budget could not fit; one note first on those."""
     choices, skipped = run_candidates(ctx, names)
+    measured = bool(choices)
+    if any(s.name == "precision" for s in skipped) and ctx.planned_steps >= IN_FIT_MIN_STEPS:
+        skipped = [s for s in skipped if s.name != "precision"]  # timed on the fit's own steps instead
+        choices.insert(0, in_fit_precision(ctx))
     if skipped:
-        ctx.notes.insert(0, budget_note(skipped, budget, planned_run_s, measured=bool(choices)))
+        ctx.notes.insert(0, budget_note(skipped, budget, planned_run_s, measured=measured))
     return choices, [s.name for s in skipped]
 
 

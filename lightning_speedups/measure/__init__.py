@@ -17,7 +17,7 @@ evenly over them, and ratios compare medians (the loop and its example: ``measur
 """
 
 from lightning_speedups.measure.cache import PlanCache, default_cache_dir, plan_key
-from lightning_speedups.measure.decide import Comparison, compare, median_interval
+from lightning_speedups.measure.decide import Comparison, Settled, compare, look_rounds, median_interval, settle
 from lightning_speedups.measure.machine import cpu_model, machine_info
 from lightning_speedups.measure.models import make_train_step, model_copy
 from lightning_speedups.measure.ratio import (
@@ -33,12 +33,15 @@ __all__ = [
     # decisions and reports
     "Comparison",
     "MeasuredRatio",
+    "Settled",
     "compare",
     "conservative_ratio",
+    "look_rounds",
     "describe_ratio",
     "measured_ratio",
     "median_interval",
     "ratio_evidence",
+    "settle",
     # what is timed
     "make_train_step",
     "model_copy",

@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_speedups.measure.timing import median
 
-__all__ = ["Comparison", "compare", "median_interval"]
+__all__ = ["Comparison", "Settled", "compare", "look_rounds", "median_interval", "settle"]
 
 
 def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -158,6 +158,61 @@ def compare(
         confidence=level,
         trusted=rounds.done >= min_rounds,
     )
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What rounds timed elsewhere say (:func:`settle`): the winner, each candidate's ``(low, median, high)`` speed
+    ratio over the baseline, whether more rounds could still change the winner, and a note on ties."""
+
+    winner: str
+    ratios: dict[str, tuple[float, float, float]]
+    settled: bool
+    note: str = ""
+
+
+def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:
+    """The round counts at which :func:`compare` looks at its rounds: ``min_rounds``, then each 1.5x the last (at
+    least one more), up to ``max_rounds``. Looking after every round would let noise "separate" equal candidates far
+    more often than the confidence says; callers that time their own rounds look at these counts too."""
+    looks, n = [], min_rounds
+    while n < max_rounds:
+        looks.append(n)
+        n = max(n + 1, math.ceil(n * 1.5))
+    return [*looks, max_rounds]
+
+
+def settle(
+    times: Mapping[str, Sequence[float]],
+    baseline: str,
+    *,
+    min_gain: float = 0.0,
+    confidence: float = 0.95,
+    prefer: Sequence[str] | None = None,
+) -> Settled:
+    """:func:`compare`'s decision on rounds timed elsewhere (``times[name][i]``: round ``i`` of ``name``, the same
+    count for every name), at :func:`compare`'s stricter per-look level. For decisions whose rounds are not calls
+    this process can repeat at will, such as the training steps of a running fit.
+
+    Example::
+
+        >>> settle({"fp32": [1.0, 1.1, 1.0], "bf16": [0.5, 0.52, 0.49]}, "fp32", min_gain=0.05).winner
+        'bf16'
+    """
+    from lightning_speedups._errors import SpeedupConfigError, check_choice
+
+    check_choice("baseline", baseline, list(times))
+    counts = {len(t) for t in times.values()}
+    if len(times) < 2 or len(counts) > 1 or counts == {0}:
+        raise SpeedupConfigError(
+            f"`times` has {[len(t) for t in times.values()]} rounds for {list(times)!r}. Allowed values: two or more "
+            "names with the same number of rounds, at least one."
+        )
+    threshold = 1.0 + min_gain
+    ratios = _ratio_intervals(times, baseline, 1.0 - (1.0 - confidence) / 4.0)
+    winner, note = _pick(ratios, baseline, list(times), threshold, prefer)
+    rest = {n: r for n, r in ratios.items() if n != baseline}
+    return Settled(winner, rest, _separated(ratios, baseline, threshold), note)
 
 
 def _checked_start(

@@ -295,6 +295,9 @@ EFFECTS: dict[str, Effect] = {
     "lr_finder": _effect_attr(ls.LRFinder, "result", "the range test did not run"),
     "batch_size_finder": _effect_batch_size,
     "advisor": _effect_attr(ls.SpeedAdvisor, "report", "no report"),
+    "precision_trial": lambda model, cbs, dense: (
+        None if (t := _find(cbs, ls.PrecisionTrial)).rounds or t.kept else "no round timed and no precision kept"
+    ),
     "finetune": _effect_attr(ls.FineTuneFreezing, "groups", "no layer group was frozen"),
     "finetune_gradual": _effect_lr_decay,
     "label_smoothing": _effect_smoothing,
