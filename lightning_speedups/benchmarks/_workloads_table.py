@@ -15,7 +15,7 @@ __all__ = ["ACC_TOLERANCE", "GAIN_TOLERANCE", "LOSS_TOLERANCE", "does_not_help",
 ACC_TOLERANCE = 0.005  # half a point of accuracy: a worse end than this counts against a method
 LOSS_TOLERANCE = 0.01  # a loss higher by this at the end counts against a method
 GAIN_TOLERANCE = 0.10  # a plan's predicted step-time gain and its fit's measured one agree within this share
-_ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached", "advisor_top")
+_ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached", "advisor_top", "precision_trial", "bf16")
 
 
 def _mode_target_split(task: str, metric: str, split: str) -> tuple[str, float | None, str]:

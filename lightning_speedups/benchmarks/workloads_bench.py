@@ -61,7 +61,10 @@ __all__ = ["ALL_METHODS", "METHODS", "QUICK_TASKS", "ROW_KEYS", "format_summary"
            "summarize"]  # fmt: skip
 
 METHODS = ("baseline", "fast_train", "autotune_first", "autotune_cached")  # the default run
-ALL_METHODS = (*METHODS, "advisor_top")  # advisor_top: only when named (a separate check, not a speed method)
+# only when named: advisor_top (the check that the advisor's first fix slows no task down), precision_trial (the plain
+# run with PrecisionTrial: bf16 timed on the fit's own steps) and bf16 (the plain run at precision="bf16-mixed", the
+# reference for what the trial can win)
+ALL_METHODS = (*METHODS, "advisor_top", "precision_trial", "bf16")
 QUICK_TASKS = ("tabular_mlp", "digits")  # a plain MLP and an image CNN (autotune's device-data path): a smoke test
 ROW_KEYS = ("task", "kind", "split", "method", "seed", "time_to_target_s", "quality", "metric", "machine", "trial_s",
             "steps", "train_s", "cpu_time_to_target_s", "cpu_s", "batch_scale", "predicted_gain",
@@ -177,6 +180,18 @@ def _advisor_top(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: 
     return _Prepared(w, callbacks, overrides, 0.0, notes)
 
 
+def _precision_trial(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
+    from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+
+    if no_bf16:
+        return "not applicable: no_bf16 keeps bf16 out"
+    return _Prepared(w, [PrecisionTrial()], {"precision": "32-true"})
+
+
+def _bf16(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
+    return "not applicable: no_bf16 keeps bf16 out" if no_bf16 else _Prepared(w, [], {"precision": "bf16-mixed"})
+
+
 # method -> how it prepares a run; a string result says why the method does not apply (no row)
 _PREPARE: dict[str, Callable[..., _Prepared | str]] = {
     "baseline": _baseline,
@@ -184,6 +199,8 @@ _PREPARE: dict[str, Callable[..., _Prepared | str]] = {
     "autotune_first": _autotune(cached=False),
     "autotune_cached": _autotune(cached=True),
     "advisor_top": _advisor_top,
+    "precision_trial": _precision_trial,
+    "bf16": _bf16,
 }
 
 
@@ -191,6 +208,7 @@ def _row(w: Workload, method: str, seed: int, result: dict[str, Any], prep: _Pre
          small: bool) -> dict[str, Any]:  # fmt: skip
     hit = result["time_to_target_s"]
     notes = [SMALL_NOTE] if small else []
+    notes += [f"PrecisionTrial: {cb.note}" for cb in prep.callbacks if type(cb).__name__ == "PrecisionTrial"]
     return {
         "task": w.name,
         "kind": w.kind,
@@ -373,7 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--tasks", metavar="NAMES", help=f"comma-separated workloads, from {', '.join(list_workloads())}"
     )
     parser.add_argument(
-        "--methods", metavar="NAMES", help=f"comma-separated, from {', '.join(ALL_METHODS)} (default: all but the last)"
+        "--methods",
+        metavar="NAMES",
+        help=f"comma-separated, from {', '.join(ALL_METHODS)} (default: {', '.join(METHODS)})",
     )
     parser.add_argument("--seeds", metavar="N,N", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--no-bf16", action="store_true", help="keep bf16 out of the recipe's and autotune's choices")

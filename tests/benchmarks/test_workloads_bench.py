@@ -289,3 +289,14 @@ def test_workloads_bench_advisor_top_applies_the_first_fix(fake: _FakeTrainer, m
     # seed 1: nothing to apply, so the user's run is the baseline again (its spread against the baseline is noise)
     assert rows[1]["notes"].startswith("nothing applied: the advisor's findings (num_workers_zero)")
     assert [type(c).__name__ for c in fake.calls[1]["callbacks"]] == []
+
+
+def test_workloads_bench_precision_trial_and_bf16_rows(fake: _FakeTrainer) -> None:
+    assert {"precision_trial", "bf16"}.isdisjoint(wb.METHODS)  # only when named
+    rows = wb.run_suite(["tiny"], methods=("baseline", "precision_trial", "bf16"), seeds=(0,), echo=False)
+    assert [r["method"] for r in rows] == ["baseline", "precision_trial", "bf16"]
+    trial, bf16 = fake.calls[1], fake.calls[2]
+    assert [type(c).__name__ for c in trial["callbacks"]] == ["PrecisionTrial"]
+    assert trial["overrides"] == {"precision": "32-true"} and bf16["overrides"] == {"precision": "bf16-mixed"}
+    assert rows[1]["notes"] == "PrecisionTrial: "  # the fake fit ran no step: no decision to report
+    assert wb.run_suite(["tiny"], methods=("precision_trial", "bf16"), seeds=(0,), no_bf16=True, echo=False) == []
