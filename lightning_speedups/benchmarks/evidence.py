@@ -115,6 +115,8 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads_no_bf16.json": ("workloads", "With `no_bf16=True` (`--no-bf16`): the fp32 path", _workloads_rows),
     "workloads_amx.json": ("workloads", "On a CPU with AMX bf16 units", _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
+    "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
+                                       "at `precision=\"bf16-mixed\"`", _workloads_rows),
     "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
                               _batch_size_suite_rows),
     "autotune_reach.json": ("autotune", "What the default trial budget reaches, per workload", _autotune_reach_rows),

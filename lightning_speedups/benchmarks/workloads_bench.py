@@ -1,6 +1,7 @@
 """The workload suite bench: the plain baseline vs ``fast_train`` and ``autotune`` on every registered workload.
 
-Per task, per seed, per method (interleaved, so machine noise reaches every method alike) one run of the workload's
+Per task, per seed, per method (interleaved, the order rotated from seed to seed, so machine noise and drift reach
+every method alike) one run of the workload's
 planned length (:func:`~lightning_speedups.benchmarks.workloads.time_to_target`, validation not counted), recorded
 as one row and written at once to the JSON file (the whole list rewritten atomically after every row): an
 interrupted run keeps what it measured, and a re-run with the same file skips the ``(task, method, seed)`` rows it
@@ -270,6 +271,18 @@ def _check(tasks: Sequence[str] | None, methods: Sequence[str], seeds: Sequence[
     return [get_workload(n) for n in names]  # an unknown task raises here, listing the registered ones
 
 
+def _rotated(methods: Sequence[str], k: int) -> list[str]:
+    """The methods in the order the ``k``-th seed runs them: rotated by ``k``, so no method always runs first (this
+    guest's speed drifts within minutes, and a fixed order would hand the drift to one method), with
+    ``autotune_first`` still before ``autotune_cached`` (the cache the second reads is the first's)."""
+    order = list(methods)[k % len(methods) :] + list(methods)[: k % len(methods)] if methods else []
+    if "autotune_first" in order and "autotune_cached" in order:
+        i, j = order.index("autotune_first"), order.index("autotune_cached")
+        if j < i:
+            order[i], order[j] = order[j], order[i]
+    return order
+
+
 def run_suite(
     tasks: Sequence[str] | None = None,
     methods: Sequence[str] = METHODS,
@@ -283,7 +296,8 @@ def run_suite(
 
     Args:
         tasks: registered workload names (default: all; with ``quick``, :data:`QUICK_TASKS`).
-        methods: a subset of :data:`ALL_METHODS`, run in this order for each seed.
+        methods: a subset of :data:`ALL_METHODS`, for each seed in this order rotated by the seed's position (the
+            ``k``-th seed starts at the ``k``-th method), ``autotune_first`` always before ``autotune_cached``.
         seeds: the seeds (with ``quick``, only the first).
         json_path: where the rows go, rewritten after each one; rows it already holds are skipped (resume).
         quick: a smoke test: one seed, the workloads' ``small=True`` builds (their targets do not apply).
@@ -312,9 +326,9 @@ def run_suite(
         for w in workloads:
             if any((w.name, m, seed) not in done for m in methods for seed in seeds):
                 _warm_up(w)
-            for seed in seeds:
+            for k, seed in enumerate(seeds):
                 cache_dir = cache_root / f"{w.name}_seed{seed}"
-                for method in methods:
+                for method in _rotated(methods, k):
                     if (w.name, method, seed) in done:
                         continue
                     prep = _PREPARE[method](w, seed, quick, no_bf16, cache_dir)

@@ -70,10 +70,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> _FakeTrainer:
 
 def test_workloads_bench_rows_and_keys(fake: _FakeTrainer, tmp_path) -> None:
     rows = wb.run_suite(["tiny"], seeds=(0, 1), json_path=tmp_path / "w.json", echo=False)
-    # fast_train does not apply to a plain LightningModule: no row
+    # fast_train does not apply to a plain LightningModule: no row; the second seed starts one method later
     assert [(r["method"], r["seed"]) for r in rows] == [
         ("baseline", 0), ("autotune_first", 0), ("autotune_cached", 0),
-        ("baseline", 1), ("autotune_first", 1), ("autotune_cached", 1),
+        ("autotune_first", 1), ("autotune_cached", 1), ("baseline", 1),
     ]  # fmt: skip
     for r in rows:
         assert tuple(r) == wb.ROW_KEYS
@@ -300,3 +300,14 @@ def test_workloads_bench_precision_trial_and_bf16_rows(fake: _FakeTrainer) -> No
     assert trial["overrides"] == {"precision": "32-true"} and bf16["overrides"] == {"precision": "bf16-mixed"}
     assert rows[1]["notes"] == "PrecisionTrial: "  # the fake fit ran no step: no decision to report
     assert wb.run_suite(["tiny"], methods=("precision_trial", "bf16"), seeds=(0,), no_bf16=True, echo=False) == []
+
+
+def test_workloads_bench_rotates_the_method_order_from_seed_to_seed(fake: _FakeTrainer) -> None:
+    assert wb._rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and wb._rotated(["a", "b", "c"], 3) == ["a", "b", "c"]
+    assert wb._rotated(["baseline", "autotune_first", "autotune_cached"], 2) == [
+        "autotune_first", "autotune_cached", "baseline"]  # fmt: skip
+    assert wb._rotated(["autotune_first", "autotune_cached", "baseline"], 1) == [
+        "autotune_first", "baseline", "autotune_cached"]  # the cached run reads the first run's cache  # fmt: skip
+    rows = wb.run_suite(["tiny"], methods=("baseline", "precision_trial", "bf16"), seeds=(0, 1), echo=False)
+    order = [(0, "baseline"), (0, "precision_trial"), (0, "bf16"), (1, "precision_trial"), (1, "bf16"), (1, "baseline")]
+    assert [(r["seed"], r["method"]) for r in rows] == order
