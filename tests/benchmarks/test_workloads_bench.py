@@ -305,7 +305,7 @@ def test_workloads_bench_precision_trial_and_bf16_rows(fake: _FakeTrainer) -> No
 def test_workloads_bench_rotates_the_method_order_from_seed_to_seed(fake: _FakeTrainer) -> None:
     assert wb._rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and wb._rotated(["a", "b", "c"], 3) == ["a", "b", "c"]
     assert wb._rotated(["baseline", "autotune_first", "autotune_cached"], 2) == [
-        "autotune_first", "autotune_cached", "baseline"]  # fmt: skip
+        "autotune_first", "baseline", "autotune_cached"]  # fmt: skip
     assert wb._rotated(["autotune_first", "autotune_cached", "baseline"], 1) == [
         "autotune_first", "baseline", "autotune_cached"]  # the cached run reads the first run's cache  # fmt: skip
     rows = wb.run_suite(["tiny"], methods=("baseline", "precision_trial", "bf16"), seeds=(0, 1), echo=False)
