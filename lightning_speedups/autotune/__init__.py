@@ -9,9 +9,10 @@ the plan by ``margin`` beyond noise. Candidates, in order (:func:`list_candidate
   :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching` (skipped silently for other data);
 - ``"precision"``, ``"channels_last"``;
 - ``"data"``: device-resident data against the user's DataLoader;
-- ``"batch_size"``, with LR scaling: a doubled batch must raise samples/s by :data:`BATCH_DOUBLING_COST` and the
-  margin: a doubled batch takes no more steps to the same loss, so it may need up to twice the samples, and only
-  twice the samples/s is sure not to lose time on any task;
+- ``"batch_size"``, only when named in ``candidates``: with LR scaling, a doubled batch must raise samples/s by
+  :data:`BATCH_DOUBLING_COST` and the margin, since it may need up to twice the samples (no fewer steps at the same
+  learning rate); that asks a step at twice the batch to run faster than the current one, which a step that grows
+  with the batch does not, so the default plan leaves it out (one note says so);
 - ``"optimizer"``: the fused/foreach kernel, compared only where the optimizer step is a large enough share of a
   training step to pay the margin even at zero cost, and only for a
   :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can set (a plain

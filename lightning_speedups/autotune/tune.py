@@ -22,6 +22,7 @@ from lightning_speedups.autotune.budget import (
     run_candidates,
     size_step,
 )
+from lightning_speedups.autotune.candidates import ONLY_WHEN_NAMED
 from lightning_speedups.autotune.data import device_twin
 from lightning_speedups.autotune.kinds import model_kind
 from lightning_speedups.autotune.methods import ema_choice, plan_methods, schedule_choice, schedule_warmup
@@ -58,7 +59,9 @@ def autotune(
             ``training_step`` is timed, with the first optimizer its ``configure_optimizers`` returns (AdamW, with a
             note, when that needs a fit).
         datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
-        candidates: a subset of :func:`list_candidates` (default: all). A candidate the plan could not apply to
+        candidates: a subset of :func:`list_candidates` (default: all but ``"batch_size"``, which the plan could
+            keep only at twice the samples/s, i.e. where a step at twice the batch runs faster than the current one:
+            a note says so, and naming it measures it). A candidate the plan could not apply to
             this model and data is not tried, with a note: the batch size for a loader that cannot be rebuilt
             (custom sampler or batch_sampler, IterableDataset) or data with no ``batch_size`` to set; the fused /
             foreach kernel for a module that is not a SpeedupMixin; the batching for token data in a
@@ -109,6 +112,8 @@ def autotune(
     ctx = TrialContext(model, run.batch, run.device, run.steps, margin, deadline=float("inf"),
                        plan={"precision": "32-true"}, clock=clock, loader=run.loader, datamodule=run.datamodule,
                        own_loader=run.own_loader, no_bf16=no_bf16)  # fmt: skip
+    if candidates is None:  # the candidates the default leaves out, each with its reason
+        ctx.notes += [ONLY_WHEN_NAMED[n] for n in CANDIDATES if n in ONLY_WHEN_NAMED]
     cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape, budget_s)
     if cached is not None:  # a second run on this machine and model skips the trials
         return cached
@@ -158,7 +163,7 @@ def _check_arguments(candidates: Sequence[str] | None, budget_s: float | None, m
             f"`candidates`={candidates!r} is a string. Allowed values: a list of names from {list(CANDIDATES)!r}, "
             f"e.g. [{candidates!r}], or None for all."
         )
-    names = list(CANDIDATES) if candidates is None else list(candidates)
+    names = [n for n in CANDIDATES if n not in ONLY_WHEN_NAMED] if candidates is None else list(candidates)
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
         raise SpeedupConfigError(f"`candidates` has unknown names {unknown!r}. Allowed values: {list(CANDIDATES)!r}.")

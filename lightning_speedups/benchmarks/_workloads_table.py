@@ -15,6 +15,7 @@ __all__ = ["ACC_TOLERANCE", "GAIN_TOLERANCE", "LOSS_TOLERANCE", "does_not_help",
 ACC_TOLERANCE = 0.005  # half a point of accuracy: a worse end than this counts against a method
 LOSS_TOLERANCE = 0.01  # a loss higher by this at the end counts against a method
 GAIN_TOLERANCE = 0.10  # a plan's predicted step-time gain and its fit's measured one agree within this share
+_DEFAULT_COLUMNS = ("fast_train", "autotune_first", "autotune_cached")
 _ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached", "advisor_top", "precision_trial", "bf16")
 
 
@@ -123,7 +124,8 @@ def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     """A markdown table, one line per task: the baseline's median [min-max] time to target, each method's median and
     ratio, the qualities at the end, and where a method does not help (slower, missed, or ending worse by more than
     half a point of accuracy / 0.01 of loss). "n/a": the method has no row (it does not apply to the task)."""
-    methods = [m for m in _ORDER if m != "baseline"]
+    present = {s["method"] for s in summary}  # the default methods always (n/a says one does not apply), others if run
+    methods = [m for m in _ORDER if m != "baseline" and (m in _DEFAULT_COLUMNS or m in present)]
     by_key = {(s["task"], s["method"]): s for s in summary}
     tasks = list(dict.fromkeys(s["task"] for s in summary))
     lines = []
