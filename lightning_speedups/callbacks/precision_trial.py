@@ -43,6 +43,8 @@ class PrecisionTrial(Callback):
     alternating order. From 3 rounds on, at the looks :func:`~lightning_speedups.measure.compare` makes, bf16 is kept
     when its per-round speed ratio clears ``1 + margin`` beyond noise; fp32 is kept when bf16 cannot, or after
     ``max_rounds``. When bf16 is kept, validation runs under bf16 autocast too, as with ``precision="bf16-mixed"``.
+    With gradient accumulation a step is one optimizer step: its ``accumulate_grad_batches`` batches run in one option
+    and are timed together, so the optimizer's step never lands on one option only.
 
     bf16 is not tried (no step is spent) on a CPU without bf16 units (no ``amx_bf16``, ``avx512_bf16`` or ARM
     ``bf16`` flag), where it is emulated and about 10x slower, nor on a GPU without bf16. Under DDP rank 0's timings
@@ -87,12 +89,14 @@ class PrecisionTrial(Callback):
         self.ratio: tuple[float, float, float] = (1.0, 1.0, 1.0)
         self.note = ""
         self.arm: str | None = None  # the option of the step running now (None: no autocast, untimed)
-        self._slot = 0  # steps since the fit (or the resume) started, while the rounds run
+        self._slot = 0  # optimizer steps since the fit (or the resume) started, while the rounds run
+        self._accumulate = 1  # batches per optimizer step: one step of an option is that many batches, timed together
+        self._group: tuple[int, float] = (0, 0.0)  # batches of the current step so far, and their seconds
         self._pending: float | None = None  # the first half of a round
         self._t0: float | None = None
         self._autocast: torch.autocast | None = None
         self._device_type = "cpu"
-        self._planned_batches = math.inf
+        self._planned_steps = math.inf
 
     @property
     def rounds(self) -> int:
@@ -126,9 +130,9 @@ class PrecisionTrial(Callback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._slot, self._pending = 0, None  # a resumed trial warms both options up again
-        stepping = trainer.estimated_stepping_batches
-        self._planned_batches = float(stepping) * trainer.accumulate_grad_batches
+        self._slot, self._pending, self._group = 0, None, (0, 0.0)  # a resumed trial warms both options up again
+        self._accumulate = max(1, int(trainer.accumulate_grad_batches))
+        self._planned_steps = float(trainer.estimated_stepping_batches)
 
     def _arm_now(self) -> str | None:
         if self.kept is not None:
@@ -157,7 +161,7 @@ class PrecisionTrial(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.kept is None and self._slot == 1:  # before the first bf16 step: one on a copy, so a failure is a note
+        if self.kept is None and self._slot == 1 and self._group[0] == 0:  # before the first bf16 step: one on a copy
             why = _bf16_failure(pl_module, batch, batch_idx, self._device_type) if trainer.is_global_zero else None
             why = trainer.strategy.broadcast(why, src=0)
             if why is not None:
@@ -180,6 +184,11 @@ class PrecisionTrial(Callback):
         if self._t0 is None:
             return
         seconds, self._t0 = self._now() - self._t0, None
+        batches, seconds = self._group[0] + 1, self._group[1] + seconds
+        if batches < self._accumulate:  # the option holds until the optimizer steps (gradient accumulation)
+            self._group = (batches, seconds)
+            return
+        self._group = (0, 0.0)
         slot, self._slot = self._slot, self._slot + 1
         if slot < 2:
             return
@@ -210,7 +219,7 @@ class PrecisionTrial(Callback):
             if rounds >= self.max_rounds or (result.settled and rounds in look_rounds(MIN_ROUNDS, self.max_rounds)):
                 return self._verdict(result.winner, ratio)
         extra = sum(self.times[BF16]) - sum(self.times[FP32])
-        allowed = self.max_cost * median(self.times[FP32]) * self._planned_batches
+        allowed = self.max_cost * median(self.times[FP32]) * self._planned_steps
         if extra > allowed:  # a slower bf16: more rounds only cost more
             return (
                 FP32,

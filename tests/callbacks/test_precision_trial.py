@@ -95,6 +95,16 @@ def test_precision_trial_keeps_a_faster_bf16(bf16_units):
     assert "kept bf16-mixed: 2.00x faster" in trial.note
 
 
+def test_precision_trial_times_whole_optimizer_steps_under_gradient_accumulation(bf16_units):
+    model, trial = Timed(bf16_cost=0.5), PrecisionTrial(clock=fake_clock)
+    _fit(model, trial, 10, accumulate_grad_batches=2)  # 10 optimizer steps: 20 batches
+    assert trial.kept == BF16 and trial.rounds == 3 and trial.ratio[1] == pytest.approx(2.0)  # 2 batches a step
+    steps = [model.train_autocast[i : i + 2] for i in range(0, 16, 2)]
+    assert all(a == b for a, b in steps)  # an option holds for both batches of an optimizer step
+    assert [a for a, _b in steps] == [False, True, False, True, True, False, False, True]
+    assert all(model.train_autocast[16:])
+
+
 def test_precision_trial_keeps_fp32_when_bf16_is_no_faster(bf16_units):
     model, trial = Timed(bf16_cost=1.0), PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 16)
