@@ -291,6 +291,8 @@ class PrecisionTrial(Callback):
 def _bf16_failure(pl_module: L.LightningModule, batch: Any, batch_idx: int, device_type: str) -> str | None:
     """Why a training step of ``pl_module`` fails under bf16 autocast (forward and backward, on a copy, the RNG
     state kept), or ``None`` when it runs: an op without a bf16 kernel must not stop the user's fit."""
+    if device_type == "cuda" and not _fits_twice(pl_module):
+        return None  # no room for a copy: the first bf16 step runs unchecked (a failure then stops the fit, as usual)
     copy = model_copy(pl_module, train=True)
     try:
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -305,6 +307,13 @@ def _bf16_failure(pl_module: L.LightningModule, batch: Any, batch_idx: int, devi
     finally:
         del copy
     return None
+
+
+def _fits_twice(module: L.LightningModule) -> bool:
+    """Whether a copy of ``module``'s parameters and buffers fits in half the GPU memory free now."""
+    size = sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+    free, _total = torch.cuda.mem_get_info()
+    return 2 * size <= free
 
 
 register_technique(

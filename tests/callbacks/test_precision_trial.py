@@ -182,3 +182,17 @@ def test_precision_trial_ddp(tmp_path):
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["kept"] for r in reports] == [BF16, BF16]
     assert reports[0]["autocast"] == reports[1]["autocast"] and all(reports[0]["autocast"][8:])
+
+
+def test_precision_trial_copies_a_model_for_its_check_only_where_the_gpu_has_room(monkeypatch):
+    def no_copy(*args, **kwargs):
+        raise AssertionError("copied a model the GPU has no room for")
+
+    model = Timed()
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setattr(pt, "model_copy", no_copy)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (size, 10 * size))  # room for one more copy, not two
+    assert pt._bf16_failure(model, (torch.randn(4, 8), torch.zeros(4, dtype=torch.long)), 0, "cuda") is None
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (4 * size, 10 * size))
+    with pytest.raises(AssertionError, match="copied"):
+        pt._bf16_failure(model, (torch.randn(4, 8), torch.zeros(4, dtype=torch.long)), 0, "cuda")
