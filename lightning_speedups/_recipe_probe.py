@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import check_choice
+from lightning_speedups.functional.channels_last import apply_channels_last
 from lightning_speedups.measure import PlanCache, plan_key
 
 __all__ = ["cached_probe", "measure_cpu_layout_and_precision"]
@@ -55,7 +56,7 @@ def measure_cpu_layout_and_precision(
         m = model_copy(model).cpu()
         xi = x.contiguous(memory_format=torch.channels_last) if cl else x
         if cl:
-            m = m.to(memory_format=torch.channels_last)
+            apply_channels_last(m, warn=False)  # 4-D tensors only (Module.to raises on a Conv3d's 5-D weight)
         name = ("channels_last" if cl else "nchw") + ("+bf16" if bf16 else "+fp32")
         candidates[name] = make_train_step(m, xi, y, autocast_dtype=torch.bfloat16 if bf16 else None)
     base = "nchw+fp32" if "32-true" in precisions else "nchw+bf16"

@@ -316,3 +316,31 @@ def test_a_custom_dataset_is_named_when_the_data_path_is_not_tried(monkeypatch):
     (note,) = [n for n in plan.notes if n.startswith("data path not tried")]
     assert "reads a Tokens, whose per-sample code" in note and "TensorDataset" in note
     assert "transforms that no device twin" not in note
+
+
+def test_a_channels_last_trial_leaves_a_conv3d_weight_alone():
+    # Module.to(memory_format=channels_last) raises on a 5-D tensor (timm's lambda layers hold a Conv3d): the trials,
+    # the recipe probe and the advisor convert 4-D tensors only, as the ChannelsLast callback does
+    import lightning as L
+    from torch import nn
+
+    from lightning_speedups.autotune.trials import TrialContext, make_step
+
+    class Mixed(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.conv3d = nn.Conv2d(3, 4, 3, padding=1), nn.Conv3d(1, 1, (3, 3, 1), padding=(1, 1, 0))
+            self.head = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            x, y = batch
+            h = self.conv(x)
+            h = self.conv3d(h.unsqueeze(1)).squeeze(1)
+            return nn.functional.cross_entropy(self.head(h.mean((2, 3))), y)
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    batch = (torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
+    ctx = TrialContext(Mixed(), batch, torch.device("cpu"), 10, 0.05, float("inf"), {"precision": "32-true"})
+    make_step(ctx, {"channels_last": True})()  # raised "required rank 4 tensor to use channels_last format"

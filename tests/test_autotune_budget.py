@@ -89,7 +89,8 @@ def test_a_run_too_short_to_measure_says_so_once_with_the_budget_it_needs_and_ad
     assert note.startswith("nothing measured: the run is too short for one comparison; ")
     # what could not be tried anyway says its own reason, not the budget's
     assert "precision, data, compile not tried" in note
-    assert any(n.startswith("batch_size not tried by default: a doubled batch is kept only at 2.1x") for n in plan.notes)
+    assert any(n.startswith("batch_size not tried by default: a doubled batch is kept only at 2.1x")
+               for n in plan.notes)  # fmt: skip
     assert "channels_last not tried: no 4-D input or no Conv2d" in plan.notes
     assert any(n.startswith("fused/foreach optimizer not tried: `_Encoder.configure_optimizers`") for n in plan.notes)
     assert "(0.00s of 0.10s, 5% of a planned run of about 2.0s)" in note

@@ -23,7 +23,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import nn
 
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
-from lightning_speedups.functional.channels_last import to_channels_last
+from lightning_speedups.functional.channels_last import apply_channels_last, to_channels_last
 from lightning_speedups.measure import Comparison, compare, make_train_step, model_copy
 
 __all__ = [
@@ -188,7 +188,7 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
     model = model_copy(ctx.model, train=True).to(ctx.device)
     batch = move_data_to_device(_scaled(ctx.batch, int(plan.get("batch_scale", 1))), ctx.device)
     if plan.get("channels_last"):
-        model = model.to(memory_format=torch.channels_last)
+        apply_channels_last(model, warn=False)  # 4-D tensors only (Module.to raises on a Conv3d's 5-D weight)
         batch = to_channels_last(batch)
     optimizer = _trial_optimizer(ctx, model, plan.get("implementation"))
     precision = plan.get("precision", "32-true")

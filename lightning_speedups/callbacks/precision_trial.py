@@ -304,8 +304,11 @@ def _bf16_failure(pl_module: L.LightningModule, batch: Any, batch_idx: int, devi
                 loss.backward()
     except Exception as err:  # any failure of the user's step under bf16 keeps fp32, with the reason
         return f"`{type(pl_module).__name__}.training_step` fails under bf16 autocast ({type(err).__name__}: {err})"
-    finally:
-        del copy
+    if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss.detach().float()).all()):
+        return f"bf16 autocast gives `{type(pl_module).__name__}` a non-finite loss ({float(loss):.3g})"
+    bad = [n for n, p in copy.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    if bad:  # an overflow in bf16's range: one optimizer step on these gradients would ruin the weights
+        return f"bf16 autocast gives `{type(pl_module).__name__}` non-finite gradients (first: `{bad[0]}`)"
     return None
 
 

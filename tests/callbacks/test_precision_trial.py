@@ -28,10 +28,12 @@ def fake_clock() -> float:
 class Timed(L.LightningModule):
     """A small classifier whose steps cost ``fp32_cost`` or ``bf16_cost`` fake seconds, and record their autocast."""
 
-    def __init__(self, bf16_cost: float = 0.5, fp32_cost: float = 1.0, fail_in_bf16: bool = False) -> None:
+    def __init__(self, bf16_cost: float = 0.5, fp32_cost: float = 1.0, fail_in_bf16: bool = False,
+                 overflow_in_bf16: bool = False) -> None:  # fmt: skip
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
         self.bf16_cost, self.fp32_cost, self.fail_in_bf16 = bf16_cost, fp32_cost, fail_in_bf16
+        self.overflow_in_bf16 = overflow_in_bf16
         self.train_autocast: list[bool] = []
         self.val_autocast: list[bool] = []
 
@@ -42,7 +44,8 @@ class Timed(L.LightningModule):
         self.train_autocast.append(on)
         _NOW["t"] += self._cost(on)
         x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        return loss * float("inf") if on and self.overflow_in_bf16 else loss
 
     def _cost(self, bf16: bool) -> float:
         return self.bf16_cost if bf16 else self.fp32_cost
@@ -131,6 +134,13 @@ def test_precision_trial_keeps_fp32_when_the_step_fails_in_bf16(bf16_units):
     _fit(model, trial, 8)  # the fit goes on in fp32
     assert trial.kept == FP32 and "fails under bf16 autocast (RuntimeError: no bf16 kernel" in trial.note
     assert len(model.train_autocast) == 8 and not any(model.train_autocast)
+
+
+def test_precision_trial_keeps_fp32_when_bf16_overflows(bf16_units):
+    model, trial = Timed(overflow_in_bf16=True), PrecisionTrial(clock=fake_clock)
+    _fit(model, trial, 8)  # the check on a copy saw the non-finite loss: the real model never ran a bf16 step
+    assert trial.kept == FP32 and "non-finite loss" in trial.note and not any(model.train_autocast)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 def test_precision_trial_resume(bf16_units, tmp_path):

@@ -32,6 +32,7 @@ from lightning_speedups.callbacks.advisor.facts import (
 )
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThresholds, Measurements
+from lightning_speedups.functional.channels_last import apply_channels_last
 from lightning_speedups.functional.compile import FIRST_COMPILE_PRIOR_S, is_compiled
 
 if TYPE_CHECKING:
@@ -387,7 +388,7 @@ class SpeedAdvisor(Callback):
         keys = {f.key for f in self.report.findings} if self.report else set()
         if "channels_last" in keys and (m.channels_last_speedup or 0) > 1.02:
             # in place: parameters keep their identity, so the optimizer and its state stay valid
-            pl_module.to(memory_format=torch.channels_last)
+            apply_channels_last(pl_module, warn=False)  # 4-D tensors only: a Conv3d's 5-D weight stays
             applied.append(f"model converted to channels_last (measured {m.channels_last_speedup:.2f}x)")
         if "tf32_off" in keys:
             torch.set_float32_matmul_precision("high")

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_speedups.functional.channels_last import apply_channels_last
 from lightning_speedups.functional.compile import compile_model, compiled_modules
 from lightning_speedups.measure import MeasuredRatio, make_train_step, measured_ratio, model_copy, torch_threads
 
@@ -113,12 +114,18 @@ def channels_last_speedup(
 
     def cand(model: nn.Module, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor, _Context]:
         return (
-            model.to(memory_format=torch.channels_last),
+            _to_channels_last(model),
             x.contiguous(memory_format=torch.channels_last),
             (contextlib.nullcontext),
         )
 
     return _copy_ratio(module, example, cand, repeats, min_gain=0.02, budget_s=budget_s)
+
+
+def _to_channels_last(model: nn.Module) -> nn.Module:
+    """``model`` with its 4-D tensors in channels_last, in place (``Module.to`` raises on a Conv3d's 5-D weight)."""
+    apply_channels_last(model, warn=False)
+    return model
 
 
 def bf16_autocast_speedup(
