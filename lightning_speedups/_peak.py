@@ -32,6 +32,7 @@ __all__ = [
     "CPU_ISA_RULES",
     "GPU_PEAKS",
     "IsaRule",
+    "NO_BF16_UNITS",
     "PeakEstimate",
     "cpu_bf16_units",
     "device_peak_flops",
@@ -152,6 +153,11 @@ _NO_UNITS = {"bf16": "no bf16 units: counted at the fp32 rate", "fp16": "no fp16
 
 
 _BF16_UNIT_FLAGS = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "ARM BF16"))
+#: why bf16 is not tried where :func:`cpu_bf16_units` finds none (autotune's blocker and PrecisionTrial say it alike)
+NO_BF16_UNITS = (
+    "this CPU has no bf16 units (no amx_bf16, avx512_bf16 or ARM bf16 flag): bf16 is emulated there, about 10x "
+    "slower than fp32"
+)
 
 
 def cpu_bf16_units(flags: str | Iterable[str] | None = None) -> str | None:

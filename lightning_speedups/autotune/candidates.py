@@ -88,13 +88,10 @@ def _precision(ctx: TrialContext, share: float) -> Choice | None:
 
 def _precision_blocker(ctx: TrialContext) -> str | None:
     """A CPU without bf16 units emulates bf16 at about a tenth of the fp32 speed: its trial would only spend steps."""
-    from lightning_speedups._peak import cpu_bf16_units
+    from lightning_speedups._peak import NO_BF16_UNITS, cpu_bf16_units
 
     if ctx.device.type == "cpu" and not ctx.no_bf16 and cpu_bf16_units() is None:
-        return (
-            "precision not tried: this CPU has no bf16 units (no amx_bf16, avx512_bf16 or ARM bf16 flag), where "
-            "bf16 is emulated and about 10x slower than fp32"
-        )
+        return f"precision not tried: {NO_BF16_UNITS}"
     return None
 
 

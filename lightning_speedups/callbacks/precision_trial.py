@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_speedups._errors import SpeedupConfigError, check_int, check_range
-from lightning_speedups._peak import cpu_bf16_units
+from lightning_speedups._peak import NO_BF16_UNITS, cpu_bf16_units
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.measure import look_rounds, median, model_copy, settle
 
@@ -120,10 +120,7 @@ class PrecisionTrial(Callback):
 
     def _unsupported(self) -> str | None:
         if self._device_type == "cpu":
-            if cpu_bf16_units() is None:
-                return ("this CPU has no bf16 units (no amx_bf16, avx512_bf16 or ARM bf16 flag): bf16 is emulated "
-                        "there, about 10x slower than fp32")  # fmt: skip
-            return None
+            return NO_BF16_UNITS if cpu_bf16_units() is None else None
         if self._device_type == "cuda":
             return None if torch.cuda.is_bf16_supported() else "this GPU has no bf16 support"
         return f"no bf16 autocast trial on {self._device_type!r} devices"

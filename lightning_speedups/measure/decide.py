@@ -131,7 +131,7 @@ def compare(
     threshold = 1.0 + min_gain
     # looks at geometrically spaced rounds, each at a stricter level: peeking after every round would let noise
     # "separate" equal candidates far more often than 1 - confidence
-    level = 1.0 - (1.0 - confidence) / 4.0
+    level = _look_level(confidence)
     rounds = _Rounds(candidates, baseline, times, threshold, level, random.Random(seed), clock, returns_time)
     ratios, decided = rounds.run(min_rounds, max_rounds, start, budget_s)
     winner, note = _pick(ratios, baseline, list(candidates), threshold, prefer)
@@ -209,10 +209,15 @@ def settle(
             "names with the same number of rounds, at least one."
         )
     threshold = 1.0 + min_gain
-    ratios = _ratio_intervals(times, baseline, 1.0 - (1.0 - confidence) / 4.0)
+    ratios = _ratio_intervals(times, baseline, _look_level(confidence))
     winner, note = _pick(ratios, baseline, list(times), threshold, prefer)
     rest = {n: r for n, r in ratios.items() if n != baseline}
     return Settled(winner, rest, _separated(ratios, baseline, threshold), note)
+
+
+def _look_level(confidence: float) -> float:
+    """The level of each look at the rounds: stricter than ``confidence``, since several looks are taken."""
+    return 1.0 - (1.0 - confidence) / 4.0
 
 
 def _checked_start(
