@@ -22,32 +22,53 @@ from tests.test_autotune import FakeMachine, _fake_tune, _loader, _patched
 
 def test_a_2x_candidate_on_a_half_second_step_is_measured_within_5_percent_of_a_two_minute_run(monkeypatch):
     # issue 23: 5% of a 2-minute run (240 steps of 0.5 s) is 6 s; the 4 sizing steps take 2 s, and one comparison was
-    # priced at 2 x (1 + 5) steps = 6 s, so bf16 (2x) was never tried. Now: 1 + 2 x 3 steps = 3.5 s, and the warm
-    # sizing copy is the baseline: measured, kept, within the budget
-    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
-    plan = _fake_tune(monkeypatch, machine, ["precision"], max_steps=240)
+    # priced at 2 x (1 + 5) steps = 6 s, so a 2x candidate was never tried. Now: 1 + 2 x 3 steps = 3.5 s, and the warm
+    # sizing copy is the baseline: measured, kept, within the budget (channels_last: an offline candidate; precision
+    # is timed in the fit on such a run, next test)
+    machine = FakeMachine({"32-true": 0.5, "channels_last": 0.5})
+    plan = _fake_tune(monkeypatch, machine, ["channels_last"], max_steps=240)
     (choice,) = plan.choices
-    assert choice.name == "precision" and choice.chosen == "bf16-mixed"
+    assert choice.name == "channels_last" and choice.chosen is True
     assert choice.gain == pytest.approx(2.0, rel=0.2) and choice.trials == MIN_ROUNDS  # a 2x effect settles in 3
-    assert plan.trainer_kwargs["precision"] == "bf16-mixed"
     assert plan.trial_s <= 6.0 * 1.15  # the 5% (6 s, sized by a jittered median step)
     assert not any("not tried" in n for n in plan.notes)
 
 
+def test_precision_is_timed_in_the_fit_by_default_on_a_run_long_enough_for_it(monkeypatch):
+    # a CPU with bf16 units and 240 planned steps: no offline precision step (the fit's own steps time it, and train),
+    # so the whole budget goes to the other candidates; the plan's gain counts bf16 once the fit has decided
+    from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+
+    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25, "channels_last": 0.5})
+    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], max_steps=240)
+    assert [(c.name, c.chosen) for c in plan.choices] == [("precision", "in-fit trial"), ("channels_last", True)]
+    assert plan.trainer_kwargs["precision"] == "32-true" and machine.calls < 4 + COMPARISON_STEPS * 2
+    assert "other candidates are timed in fp32" in plan.choices[0].note
+    (trial,) = [cb for cb in plan.callbacks if isinstance(cb, PrecisionTrial)]
+    assert plan.gain == pytest.approx(2.0, rel=0.2)  # channels_last's; bf16 not decided yet
+    trial.kept, trial.ratio = "bf16-mixed", (1.2, 1.3, 1.4)
+    assert plan.gain == pytest.approx(2.0 * 1.3, rel=0.2)
+    # offline where the in-fit trial cannot time every option or pay its steps: a short run, or no_bf16
+    short = _fake_tune(monkeypatch, FakeMachine({"bf16-mixed": 0.5}), ["precision"], budget_s=60.0, max_steps=40)
+    assert short.choices[0].chosen == "bf16-mixed" and short.trainer_kwargs["precision"] == "bf16-mixed"
+    plain = _fake_tune(monkeypatch, FakeMachine({"bf16-mixed": 0.5}), ["precision"], max_steps=240, no_bf16=True)
+    assert plain.choices == [] and not plain.callbacks and any("no_bf16=True" in n for n in plain.notes)
+
+
 def test_the_rest_of_a_small_budget_goes_on_in_order_and_the_note_says_what_was_left_and_what_one_needs(monkeypatch):
-    # the same 6 s with every candidate: bf16 first, then nothing else fits; the note prices the next comparison at
-    # 7 steps of the *new* (bf16) step, names what was left, and the budget_s that would fit it
-    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
-    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last", "batch_size"], max_steps=240)
-    assert [c.name for c in plan.choices] == ["precision"] and plan.choices[0].chosen == "bf16-mixed"
+    # the same 6 s with the offline candidates: channels_last (2x) first, then nothing else fits; the note prices the
+    # next comparison at 7 steps of the *new* (channels_last) step, names what was left, and the budget_s that fits it
+    machine = FakeMachine({"32-true": 0.5, "channels_last": 0.5, "foreach": 0.5, "optimizer_only": 0.9})
+    plan = _fake_tune(monkeypatch, machine, ["channels_last", "batch_size", "optimizer"], max_steps=240)
+    assert [c.name for c in plan.choices] == ["channels_last"] and plan.choices[0].chosen is True
     (note,) = [n for n in plan.notes if "not tried: what was left" in n]
-    assert note.startswith("channels_last, batch_size not tried: what was left of the trial budget (")
-    assert re.search(r"of [56]\.\d\ds, 5% of a planned run of about 1[0-3]\d\.\ds\)", note)  # 240 jittered 0.5 s steps
-    needs = dict(re.findall(r"(channels_last|batch_size) (\d+\.\d\d)s", note.split("below")[1]))
-    step = 0.25  # the bf16 plan's step on the fake machine
-    assert float(needs["channels_last"]) == pytest.approx(COMPARISON_STEPS * step, rel=0.15)
-    assert float(needs["batch_size"]) > float(needs["channels_last"])  # two steps per call, both warmed up
-    assert "HINT: pass a larger `budget_s` (at least " in note and "to measure channels_last" in note
+    assert note.startswith("batch_size, optimizer not tried: what was left of the trial budget (")
+    assert re.search(r"of [56]\.\d\ds, 5% of a planned run of about 1[0-3]\d\.\ds", note)  # 240 jittered 0.5 s steps
+    needs = dict(re.findall(r"(optimizer|batch_size) (\d+\.\d\d)s", note.split("below")[1]))
+    step = 0.25  # the channels_last plan's step on the fake machine
+    assert float(needs["optimizer"]) == pytest.approx(COMPARISON_STEPS * step, rel=0.15)
+    assert float(needs["batch_size"]) > float(needs["optimizer"])  # two steps per call, both warmed up
+    assert "HINT: pass a larger `budget_s` (at least " in note and "to measure optimizer" in note
     assert not note.startswith("nothing measured")
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "Skipped",
     "budget_note",
     "in_fit_precision",
+    "precision_in_fit",
     "run_candidates",
     "size_step",
 ]
@@ -79,16 +80,40 @@ def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], l
 # steps are within the same 2%
 IN_FIT_MIN_STEPS = 100
 
+_DEFAULT_NOTE = (
+    "bf16 timed against fp32 on the fit's own first steps (PrecisionTrial): those steps train as they measure, so "
+    "the comparison costs only the slower option's extra time (at most 2% of the fit), where an offline comparison "
+    "spends 7 or more steps that train nothing; the other candidates are timed in fp32"
+)
+_BUDGET_NOTE = (
+    "bf16 timed against fp32 on the fit's own first steps (PrecisionTrial): the trial budget could not fit an "
+    "offline comparison, and those steps train as they measure"
+)
 
-def in_fit_precision(ctx: TrialContext) -> Choice:
-    """The precision choice when the budget could not fit its comparison: bf16 is timed against fp32 on the fit's
-    own first steps (:class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial`, in the plan's callbacks),
-    which train as they measure, so the plan still measures the candidate that matters most on bf16 hardware."""
-    ctx.plan["precision_trial"] = True
-    note = (
-        "bf16 timed against fp32 on the fit's own first steps (PrecisionTrial): the trial budget could not fit an "
-        "offline comparison, and those steps train as they measure"
+
+def precision_in_fit(ctx: TrialContext) -> bool:
+    """Whether precision is timed on the fit's own steps from the start rather than offline: on a CPU with bf16
+    units, with bf16 allowed, on a run of at least :data:`IN_FIT_MIN_STEPS` steps. There bf16 is the only option, the
+    one :class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial` times, and the in-fit trial costs less
+    than the offline one in every outcome: a faster bf16 trains faster during its own rounds, a slower one costs its
+    extra time, never whole steps. On a GPU the offline comparison stays first (it also times ``16-mixed``)."""
+    from lightning_speedups._peak import cpu_bf16_units
+
+    return (
+        ctx.device.type == "cpu"
+        and not ctx.no_bf16
+        and ctx.planned_steps >= IN_FIT_MIN_STEPS
+        and cpu_bf16_units() is not None
     )
+
+
+def in_fit_precision(ctx: TrialContext, *, by_default: bool = False) -> Choice:
+    """The precision choice timed on the fit's own first steps
+    (:class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial`, in the plan's callbacks), which train as
+    they measure: ``by_default`` where :func:`precision_in_fit` holds, else because the budget could not fit the
+    offline comparison, so the plan still measures the candidate that matters most on bf16 hardware."""
+    ctx.plan["precision_trial"] = True
+    note = _DEFAULT_NOTE if by_default else _BUDGET_NOTE
     return Choice("precision", "in-fit trial", ["32-true", "bf16-mixed"], 1.0, (1.0, 1.0), 0, note, changed=True)
 
 

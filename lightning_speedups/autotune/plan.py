@@ -49,11 +49,21 @@ class TunePlan:
         """The product of the changed choices' measured step-time ratios, an estimate of the whole plan's gain.
 
         It multiplies the trials' gains and the methods' per-step costs (the EMA's update, below 1), so a kept
-        method's cost is not left out."""
+        method's cost is not left out. A precision timed in the fit (``"in-fit trial"``) counts 1.0 until the fit has
+        decided, then its measured ratio when it kept bf16."""
         total = 1.0
         for choice in self.choices:
-            total *= choice.gain if choice.changed else 1.0
+            if choice.name == "precision" and choice.chosen == "in-fit trial":
+                total *= self._in_fit_precision_gain()
+            else:
+                total *= choice.gain if choice.changed else 1.0
         return total
+
+    def _in_fit_precision_gain(self) -> float:
+        from lightning_speedups.callbacks.precision_trial import BF16, PrecisionTrial
+
+        trial = next((cb for cb in self.callbacks if isinstance(cb, PrecisionTrial)), None)
+        return float(trial.ratio[1]) if trial is not None and trial.kept == BF16 else 1.0
 
     def apply(self, model: L.LightningModule, datamodule: Any = None) -> L.LightningModule:
         """Set what cannot travel in callbacks: the batch size (and its LR scaling) and the optimizer kernel.

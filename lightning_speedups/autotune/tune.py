@@ -19,6 +19,7 @@ from lightning_speedups.autotune.budget import (
     IN_FIT_MIN_STEPS,
     budget_note,
     in_fit_precision,
+    precision_in_fit,
     run_candidates,
     size_step,
 )
@@ -94,7 +95,10 @@ def autotune(
         margin: a candidate must beat the current plan by this fraction beyond noise.
         cache: read and write the plan cache (``cache_dir``, default ``~/.cache/lightning_speedups``). A cached
             plan is measured again when a candidate did not fit its budget and this call's ``budget_s`` is larger.
-        no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them).
+        no_bf16: never consider bf16 (to check a plan for CPUs without bf16 units on one that has them). Otherwise,
+            on a CPU with bf16 units and a run of at least 100 steps (or when the budget cannot fit the offline
+            comparison on such a run), bf16 is timed on the fit's own first steps: the plan holds a
+            :class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial` and keeps ``precision="32-true"``.
         clock: seconds as a float (tests inject a fake one).
         **trainer_kwargs: the Trainer arguments of the planned run (``max_epochs``/``max_steps`` size it); returned
             in the plan with the chosen precision.
@@ -261,9 +265,14 @@ def _size_budget(ctx: TrialContext, budget_s: float | None, start: float) -> tup
 def _run_candidates(
     ctx: TrialContext, names: list[str], budget: float, planned_run_s: float | None
 ) -> tuple[list[Choice], list[str]]:
-    """The candidates' choices and the names the budget could not fit; one note first on those."""
-    choices, skipped = run_candidates(ctx, names)
+    """The candidates' choices and the names the budget could not fit; one note first on those. Precision is timed
+    in the fit where :func:`~lightning_speedups.autotune.budget.precision_in_fit` holds, or where the budget could
+    not fit it on a run long enough for the in-fit trial."""
+    in_fit = "precision" in names and precision_in_fit(ctx)
+    choices, skipped = run_candidates(ctx, [n for n in names if not (in_fit and n == "precision")])
     measured = bool(choices)
+    if in_fit:
+        choices.insert(0, in_fit_precision(ctx, by_default=True))
     if any(s.name == "precision" for s in skipped) and ctx.planned_steps >= IN_FIT_MIN_STEPS:
         skipped = [s for s in skipped if s.name != "precision"]  # timed on the fit's own steps instead
         choices.insert(0, in_fit_precision(ctx))

@@ -84,7 +84,9 @@ class _Prepared:
     trial_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     batch_scale: int = 1  # the plan's batch multiplier (samples per step relative to the baseline's)
-    predicted_gain: float | None = None  # the plan's own estimate of its step-time gain (``TunePlan.gain``)
+    # the plan's own estimate of its step-time gain (``TunePlan.gain``), read after the fit: a precision timed in the
+    # fit (PrecisionTrial) is part of it only once the fit has decided
+    predicted_gain: Callable[[], float] | None = None
 
 
 def _build_seeded(w: Workload, seed: int, small: bool) -> tuple[L.LightningModule, Any]:
@@ -162,7 +164,7 @@ def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
                 for c in plan.choices if c.chosen not in (False, None, 1, "current")]  # fmt: skip
         notes = [f"kept: {', '.join(kept) or 'nothing'}", *notes, *plan.notes]
         return _Prepared(_prebuilt(w, model, fit_data), list(plan.callbacks), dict(plan.trainer_kwargs), trial_s,
-                         notes, int(plan.settings.get("batch_scale", 1)), plan.gain)  # fmt: skip
+                         notes, int(plan.settings.get("batch_scale", 1)), lambda: plan.gain)  # fmt: skip
 
     return prepare
 
@@ -226,7 +228,7 @@ def _row(w: Workload, method: str, seed: int, result: dict[str, Any], prep: _Pre
         "cpu_time_to_target_s": result.get("cpu_time_to_target_s"),  # process CPU seconds, trials not counted
         "cpu_s": result.get("cpu_s"),
         "batch_scale": prep.batch_scale,
-        "predicted_gain": prep.predicted_gain,
+        "predicted_gain": None if prep.predicted_gain is None else prep.predicted_gain(),
         "notes": "; ".join([*notes, *prep.notes]),
     }
 
