@@ -55,6 +55,33 @@ def test_precision_is_timed_in_the_fit_by_default_on_a_run_long_enough_for_it(mo
     assert plain.choices == [] and not plain.callbacks and any("no_bf16=True" in n for n in plain.notes)
 
 
+def test_the_fits_precision_decision_is_cached_and_a_later_run_starts_in_it(monkeypatch, tmp_path):
+    # the plan's PrecisionTrial writes its decision into the cached plan: the next autotune call returns the kept
+    # precision as a Trainer argument, with the fit's measured ratio, and no trial callback
+    from lightning_speedups.autotune.budget import InFitRecord
+    from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+
+    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
+    kw = dict(candidates=["precision"], methods=[], cache_dir=tmp_path, clock=machine.clock, max_steps=240)
+    _patched(monkeypatch, machine)
+    first = autotune(DemoClassifier(width=4), _loader(), **kw)
+    again = autotune(DemoClassifier(width=4), _loader(), **kw)  # cached, still undecided: the fit times it again
+    assert again.from_cache and again.trainer_kwargs["precision"] == "32-true"
+    (trial,) = [cb for cb in again.callbacks if isinstance(cb, PrecisionTrial)]
+    assert isinstance(trial.on_decision, InFitRecord) and isinstance(first.callbacks[0].on_decision, InFitRecord)
+    trial.kept, trial.ratio, trial.note = "bf16-mixed", (1.2, 1.3, 1.4), "kept bf16-mixed: 1.30x faster per step"
+    trial.times = {"32-true": [1.0] * 3, "bf16-mixed": [0.77] * 3}
+    trial.on_decision(trial)  # what the fit's rank 0 does once it decides
+    decided = autotune(DemoClassifier(width=4), _loader(), **kw)
+    assert decided.from_cache and decided.trainer_kwargs["precision"] == "bf16-mixed"
+    assert not any(isinstance(cb, PrecisionTrial) for cb in decided.callbacks)
+    (choice,) = decided.choices
+    assert choice.chosen == "bf16-mixed" and choice.gain == pytest.approx(1.3) and choice.trials == 3
+    assert "timed on the fit's own steps" in choice.note and decided.gain == pytest.approx(1.3)
+    trial.on_decision(trial)  # a second fit of the undecided plan: the entry is already decided, left as it is
+    assert autotune(DemoClassifier(width=4), _loader(), **kw).choices[0].chosen == "bf16-mixed"
+
+
 def test_the_rest_of_a_small_budget_goes_on_in_order_and_the_note_says_what_was_left_and_what_one_needs(monkeypatch):
     # the same 6 s with the offline candidates: channels_last (2x) first, then nothing else fits; the note prices the
     # next comparison at 7 steps of the *new* (channels_last) step, names what was left, and the budget_s that fits it

@@ -11,12 +11,14 @@ warm-up call and three rounds of both), and gets an even share of what is left, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_speedups.autotune.trials import APPLIES, BLOCKERS, CANDIDATES, Choice, TrialContext
 
 __all__ = [
     "IN_FIT_MIN_STEPS",
     "SIZING_STEPS",
+    "InFitRecord",
     "Skipped",
     "budget_note",
     "in_fit_precision",
@@ -115,6 +117,46 @@ def in_fit_precision(ctx: TrialContext, *, by_default: bool = False) -> Choice:
     ctx.plan["precision_trial"] = True
     note = _DEFAULT_NOTE if by_default else _BUDGET_NOTE
     return Choice("precision", "in-fit trial", ["32-true", "bf16-mixed"], 1.0, (1.0, 1.0), 0, note, changed=True)
+
+
+@dataclass(frozen=True)
+class InFitRecord:
+    """Writes the in-fit precision decision into the cached plan ``key`` under ``cache_dir``
+    (:class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial`'s ``on_decision``): a later run of the
+    plan then starts in the kept precision, with the measured ratio, and spends no step on the trial. Plain strings,
+    so it pickles under ``ddp_spawn``; a failed write warns and the fit goes on."""
+
+    cache_dir: str
+    key: str
+
+    def __call__(self, trial: Any) -> None:
+        import warnings
+
+        from lightning_speedups.measure import PlanCache
+
+        store = PlanCache(self.cache_dir)
+        try:
+            entry = store.get(self.key)
+            if entry is None or not entry.get("settings", {}).get("precision_trial"):
+                return  # the entry is gone or already decided
+            store.put(self.key, decided_entry(entry, trial.kept, tuple(trial.ratio), trial.rounds, trial.note))
+        except OSError as err:
+            warnings.warn(f"autotune: the in-fit precision decision was not cached ({err}); the next run times it "
+                          "again", stacklevel=2)  # fmt: skip
+
+
+def decided_entry(entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
+                  ) -> dict[str, Any]:  # fmt: skip
+    """The cached plan ``entry`` with its in-fit precision replaced by the fit's decision: the Trainer's
+    ``precision`` set, no ``PrecisionTrial``, and the precision choice holding the measured ratio."""
+    settings = {k: v for k, v in entry["settings"].items() if k != "precision_trial"}
+    settings["precision"] = kept
+    bf16 = kept != "32-true"
+    lo, mid, hi = ratio
+    choice = Choice("precision", kept, ["32-true", "bf16-mixed"], mid if bf16 else 1.0, (lo, hi) if bf16 else
+                    (1.0, 1.0), rounds, f"{note} (timed on the fit's own steps)", changed=bf16).as_dict()  # fmt: skip
+    choices = [choice if c.get("name") == "precision" else c for c in entry["choices"]]
+    return {**entry, "settings": settings, "choices": choices}
 
 
 def _listed(values: list[tuple[str, float]]) -> str | None:

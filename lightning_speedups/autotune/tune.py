@@ -17,6 +17,7 @@ from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups.autotune.budget import (
     IN_FIT_MIN_STEPS,
+    InFitRecord,
     budget_note,
     in_fit_precision,
     precision_in_fit,
@@ -120,6 +121,7 @@ def autotune(
         ctx.notes += [ONLY_WHEN_NAMED[n] for n in CANDIDATES if n in ONLY_WHEN_NAMED]
     cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape, budget_s)
     if cached is not None:  # a second run on this machine and model skips the trials
+        _record_in_fit(cached, store, key)
         return cached
     start = clock()
     step_s, budget = _size_budget(ctx, budget_s, start)
@@ -130,6 +132,7 @@ def autotune(
                       replacement=ctx.replacement)  # fmt: skip
     plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
     _store(store, key, plan, choices, ctx.notes, budget, skipped)
+    _record_in_fit(plan, store, key)
     rank_zero_info(plan.to_text())
     return plan
 
@@ -321,3 +324,14 @@ def _store(
     if store is not None:
         store.put(key, {"settings": plan.settings, "choices": [c.as_dict() for c in choices], "notes": notes,
                         "budget_s": float(budget), "skipped": skipped})  # fmt: skip
+
+
+def _record_in_fit(plan: TunePlan, store: PlanCache | None, key: str) -> None:
+    """Let the plan's in-fit precision trial write its decision into the cached plan, once the fit makes it."""
+    if store is None:
+        return
+    from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+
+    for cb in plan.callbacks:
+        if isinstance(cb, PrecisionTrial):
+            cb.on_decision = InFitRecord(str(store.path.parent), key)

@@ -62,6 +62,10 @@ class PrecisionTrial(Callback):
         max_cost: the largest share of the planned fit (its steps times the fp32 step) that the slower option's extra
             time may take before the trial stops and keeps fp32.
         clock: seconds as a float (tests inject a fake one).
+        on_decision: called with the callback on rank 0 once the fit decides (``kept``, ``ratio``, ``rounds`` and
+            ``note`` set), not again for a decision a checkpoint restored; autotune's plan uses it to cache the
+            decision, so a later run of the plan starts in the kept precision. It must not raise, and under
+            ``ddp_spawn`` it must pickle.
 
     Raises:
         SpeedupConfigError: at construction for an argument out of range; at ``setup`` when the Trainer's
@@ -79,11 +83,13 @@ class PrecisionTrial(Callback):
         max_cost: float = 0.02,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        on_decision: Callable[[PrecisionTrial], None] | None = None,
     ) -> None:
         check_range("margin", margin, 0.0, 1.0, hint="0.05 keeps bf16 only when at least 5% faster")
         check_int("max_rounds", max_rounds, MIN_ROUNDS, 1000)
         check_range("max_cost", max_cost, 0.0, 1.0, low_inclusive=False, hint="0.02: 2% of the planned fit")
         self.margin, self.max_rounds, self.max_cost, self.clock = float(margin), int(max_rounds), float(max_cost), clock
+        self.on_decision = on_decision
         self.kept: str | None = None  # FP32 or BF16 once decided
         self.times: dict[str, list[float]] = {FP32: [], BF16: []}  # complete rounds only
         self.ratio: tuple[float, float, float] = (1.0, 1.0, 1.0)
@@ -163,7 +169,7 @@ class PrecisionTrial(Callback):
             why = trainer.strategy.broadcast(why, src=0)
             if why is not None:
                 self.kept, self.note, self._t0 = FP32, f"kept fp32: {why}", None
-                rank_zero_info(f"PrecisionTrial: {self.note}")
+                self._decided(trainer)
         self.arm = self._arm_now()
         if self.arm == BF16:
             self._enter()
@@ -205,7 +211,12 @@ class PrecisionTrial(Callback):
         if decision is None:
             return
         self.kept, self.ratio, self.note = decision[0], tuple(decision[1]), decision[2]
+        self._decided(trainer)
+
+    def _decided(self, trainer: L.Trainer) -> None:
         rank_zero_info(f"PrecisionTrial: {self.note}")
+        if self.on_decision is not None and trainer.is_global_zero:
+            self.on_decision(self)
 
     def _decision(self) -> tuple[str, tuple[float, float, float], str] | None:
         """The option to keep, its ratio and the note, or ``None`` while the rounds go on."""

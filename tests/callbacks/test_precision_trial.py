@@ -87,9 +87,12 @@ def test_precision_trial_misconfiguration(bf16_units):
 
 
 def test_precision_trial_keeps_a_faster_bf16(bf16_units):
-    model, trial = Timed(bf16_cost=0.5), PrecisionTrial(clock=fake_clock)
+    decisions: list[tuple[str | None, int]] = []
+    model = Timed(bf16_cost=0.5)
+    trial = PrecisionTrial(clock=fake_clock, on_decision=lambda t: decisions.append((t.kept, t.rounds)))
     _fit(model, trial, 20)
     assert trial.kept == BF16 and trial.rounds == 3 and trial.ratio[1] == pytest.approx(2.0)
+    assert decisions == [(BF16, 3)]  # told once, when decided
     # untimed fp32 and bf16 steps, then 3 rounds in alternating order, then bf16 for the rest of the fit
     assert model.train_autocast[:8] == [False, True, False, True, True, False, False, True]
     assert all(model.train_autocast[8:]) and len(model.train_autocast) == 20
@@ -130,8 +133,11 @@ def test_precision_trial_on_a_cpu_without_bf16_units(monkeypatch):
 
 
 def test_precision_trial_keeps_fp32_when_the_step_fails_in_bf16(bf16_units):
-    model, trial = Timed(fail_in_bf16=True), PrecisionTrial(clock=fake_clock)
+    decisions: list[str | None] = []
+    model = Timed(fail_in_bf16=True)
+    trial = PrecisionTrial(clock=fake_clock, on_decision=lambda t: decisions.append(t.kept))
     _fit(model, trial, 8)  # the fit goes on in fp32
+    assert decisions == [FP32]
     assert trial.kept == FP32 and "fails under bf16 autocast (RuntimeError: no bf16 kernel" in trial.note
     assert len(model.train_autocast) == 8 and not any(model.train_autocast)
 
@@ -157,9 +163,11 @@ def test_precision_trial_resume(bf16_units, tmp_path):
     assert resumed.kept == full.kept == BF16 and resumed.rounds == full.rounds == 3
     assert model.train_autocast == [False, True, False, True, True, True]
     trainer.save_checkpoint(tmp_path / "done.ckpt")
-    model, after = Timed(), PrecisionTrial(clock=fake_clock)
+    told: list[PrecisionTrial] = []
+    model, after = Timed(), PrecisionTrial(clock=fake_clock, on_decision=told.append)
     _fit(model, after, 16, ckpt_path=str(tmp_path / "done.ckpt"))
     assert after.kept == BF16 and all(model.train_autocast)  # the decision holds: no step spent on fp32 again
+    assert told == []  # a restored decision is not a new one
 
 
 class _AnyCpu(PrecisionTrial):
