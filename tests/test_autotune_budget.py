@@ -200,15 +200,21 @@ def test_candidates_given_as_one_string_are_refused_by_name():
 def test_precision_that_the_budget_cannot_fit_is_timed_on_the_fits_own_steps(monkeypatch):
     # 240 planned steps of 0.5 s with 2.5 s of trials: the 4 sizing steps leave 0.5 s, below one comparison (3.5 s).
     # bf16 is then timed in the fit (PrecisionTrial): its steps train as they measure, so no trial time is lost
+    from lightning_speedups.autotune import tune
     from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 
+    monkeypatch.setattr(tune, "precision_in_fit", lambda ctx: False)  # as on a GPU: offline first (16-mixed too)
     machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], budget_s=2.5, max_steps=240)
     assert [c.name for c in plan.choices] == ["precision"] and plan.choices[0].chosen == "in-fit trial"
     assert plan.trainer_kwargs["precision"] == "32-true" and any(isinstance(c, PrecisionTrial) for c in plan.callbacks)
     (note,) = [n for n in plan.notes if "not tried: what was left" in n]
-    assert note.startswith("nothing measured: ") and "channels_last not tried" in note and "precision" not in note
-    assert "fit's own first steps" in plan.to_text()
+    assert "channels_last not tried" in note and "precision" not in note
+    assert not note.startswith("nothing measured")  # precision is measured, in the fit
+    assert "the trial budget could not fit an offline comparison" in plan.to_text()
+    # with no_bf16 the fit's trial (which only times bf16) is never the fallback
+    plain = _fake_tune(monkeypatch, FakeMachine({}), ["precision"], budget_s=2.5, max_steps=240, no_bf16=True)
+    assert plain.choices == [] and not plain.callbacks and "no_bf16=True" in " ".join(plain.notes)
     # a run too short for the trial to pay its two extra steps within 2% keeps the budget note instead
     plan = _fake_tune(monkeypatch, FakeMachine({"bf16-mixed": 0.5}), ["precision"], budget_s=2.5, max_steps=40)
     assert plan.choices == [] and "precision not tried" in plan.notes[0]

@@ -49,3 +49,28 @@ def test_machine_info() -> None:
     info = measure.machine_info()
     assert info["cpu"] == measure.cpu_model() and info["torch"] == torch.__version__
     assert info["torch_threads"] >= 1 and info["device"]
+
+
+def test_training_step_loss_reads_the_loss_the_fit_would_and_names_a_step_without_one() -> None:
+    import warnings
+
+    class Step(nn.Module):
+        def __init__(self, out: object) -> None:
+            super().__init__()
+            self.lin, self.out = nn.Linear(2, 1), out
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> object:
+            warnings.warn("You are trying to `self.log()` but the loop has no Trainer", stacklevel=2)
+            loss = self.lin(batch).sum()
+            return {"loss": loss} if self.out == "mapping" else loss if self.out == "tensor" else self.out
+
+    x = torch.ones(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the copy's self.log() warning is silenced, nothing else is raised
+        assert measure.training_step_loss(Step("tensor"), x).requires_grad
+        assert measure.training_step_loss(Step("mapping"), x).requires_grad
+    assert measure.training_step_loss(nn.Linear(2, 1), x).shape == (3, 1)  # no training_step: the forward
+    with pytest.raises(measure.NoLossError, match="training_step returned NoneType, not a loss tensor"):
+        measure.training_step_loss(Step(None), x)
+    with pytest.raises(TypeError, match="returned a dict without a .loss. tensor"):
+        measure.training_step_loss(Step({"logits": 1}), x)

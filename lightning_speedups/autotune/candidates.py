@@ -80,17 +80,17 @@ def _precision(ctx: TrialContext, share: float) -> Choice | None:
     elif not ctx.no_bf16:
         options["bf16-mixed"] = {"precision": "bf16-mixed"}  # far slower on CPUs without bf16 units: measured here
     options = {k: v for k, v in options.items() if v["precision"] != ctx.plan.get("precision")}
-    if not options:
-        ctx.notes.append("precision not tried: bf16 disabled (no_bf16=True) and no GPU for 16-mixed")
-        return None
-    return _decide(ctx, "precision", options, share)
+    return _decide(ctx, "precision", options, share) if options else None
 
 
 def _precision_blocker(ctx: TrialContext) -> str | None:
-    """A CPU without bf16 units emulates bf16 at about a tenth of the fp32 speed: its trial would only spend steps."""
+    """Nothing to time on a CPU with ``no_bf16``; a CPU without bf16 units emulates bf16 at about a tenth of the fp32
+    speed: its trial would only spend steps. Said whatever the budget left."""
     from lightning_speedups._peak import NO_BF16_UNITS, cpu_bf16_units
 
-    if ctx.device.type == "cpu" and not ctx.no_bf16 and cpu_bf16_units() is None:
+    if ctx.device.type == "cpu" and ctx.no_bf16:
+        return "precision not tried: bf16 disabled (no_bf16=True) and no GPU for 16-mixed"
+    if ctx.device.type == "cpu" and cpu_bf16_units() is None:
         return f"precision not tried: {NO_BF16_UNITS}"
     return None
 

@@ -11,10 +11,8 @@ untimed call of each option that is not already warm, and stop as soon as the re
 
 from __future__ import annotations
 
-import contextlib
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +22,7 @@ from torch import nn
 
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.functional.channels_last import apply_channels_last, to_channels_last
-from lightning_speedups.measure import Comparison, compare, make_train_step, model_copy
+from lightning_speedups.measure import Comparison, compare, make_train_step, model_copy, training_step_loss
 
 __all__ = [
     "APPLIES",
@@ -152,17 +150,6 @@ def _same_plan(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
                                  for k in STEP_DEFAULTS)  # fmt: skip
 
 
-def _loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    step = getattr(model, "training_step", None)
-    with _quiet():
-        out = step(batch, 0) if callable(step) else model(batch)
-    if isinstance(out, Mapping):
-        out = out["loss"]
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"training_step returned {type(out).__name__}, not a loss tensor")
-    return out
-
-
 def _scaled(batch: Any, k: int) -> Any:
     """``batch`` with every batched tensor repeated ``k`` times along dim 0 (a batch ``k`` times larger)."""
     if isinstance(batch, torch.Tensor):
@@ -172,14 +159,6 @@ def _scaled(batch: Any, k: int) -> Any:
     if isinstance(batch, (tuple, list)):
         return type(batch)(_scaled(v, k) for v in batch)
     return batch
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():  # the copies have no Trainer: self.log() only warns
-        warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
-        warnings.filterwarnings("ignore", message=r".*self\.trainer.*")
-        yield
 
 
 def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Callable[[], None]:
@@ -193,9 +172,9 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
     optimizer = _trial_optimizer(ctx, model, plan.get("implementation"))
     precision = plan.get("precision", "32-true")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)  # 32-true: no autocast at all
-    step = make_train_step(model, batch, optimizer=optimizer, autocast_dtype=dtype, loss=_loss, steps=steps,
-                           grad_scaler=precision == "16-mixed", optimizer_only=bool(plan.get("optimizer_only")),
-                           return_loss=False)  # fmt: skip
+    step = make_train_step(model, batch, optimizer=optimizer, autocast_dtype=dtype, loss=training_step_loss,
+                           steps=steps, grad_scaler=precision == "16-mixed",
+                           optimizer_only=bool(plan.get("optimizer_only")), return_loss=False)  # fmt: skip
     return step  # type: ignore[return-value]
 
 

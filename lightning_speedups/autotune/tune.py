@@ -273,12 +273,12 @@ def _run_candidates(
     not fit it on a run long enough for the in-fit trial."""
     in_fit = "precision" in names and precision_in_fit(ctx)
     choices, skipped = run_candidates(ctx, [n for n in names if not (in_fit and n == "precision")])
-    measured = bool(choices)
     if in_fit:
         choices.insert(0, in_fit_precision(ctx, by_default=True))
-    if any(s.name == "precision" for s in skipped) and ctx.planned_steps >= IN_FIT_MIN_STEPS:
+    if any(s.name == "precision" for s in skipped) and ctx.planned_steps >= IN_FIT_MIN_STEPS and not ctx.no_bf16:
         skipped = [s for s in skipped if s.name != "precision"]  # timed on the fit's own steps instead
         choices.insert(0, in_fit_precision(ctx))
+    measured = bool(choices)  # the in-fit trial measures too: the note must not open with "nothing measured"
     if skipped:
         ctx.notes.insert(0, budget_note(skipped, budget, planned_run_s, measured=measured))
     return choices, [s.name for s in skipped]

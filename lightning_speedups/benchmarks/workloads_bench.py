@@ -160,8 +160,8 @@ def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
             notes.append("the cache missed: trials ran again")
         fit_data = plan.datamodule or (_TrainLoaderSwap(data, plan.train_dataloaders) if plan.train_dataloaders
                                        is not None else data)  # fmt: skip
-        kept = [f"{c.name}={c.chosen} ({c.gain:.2f}x per step)" if c.changed else f"{c.name}={c.chosen}"
-                for c in plan.choices if c.chosen not in (False, None, 1, "current")]  # fmt: skip
+        # the changed choices (a filter on the value read channels_last=True as 1, "unchanged", and left it out)
+        kept = [f"{c.name}={c.chosen} ({c.gain:.2f}x per step)" for c in plan.choices if c.changed]
         notes = [f"kept: {', '.join(kept) or 'nothing'}", *notes, *plan.notes]
         return _Prepared(_prebuilt(w, model, fit_data), list(plan.callbacks), dict(plan.trainer_kwargs), trial_s,
                          notes, int(plan.settings.get("batch_scale", 1)), lambda: plan.gain)  # fmt: skip

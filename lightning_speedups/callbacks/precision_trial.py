@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -26,7 +25,7 @@ from typing_extensions import override
 from lightning_speedups._errors import SpeedupConfigError, check_int, check_range
 from lightning_speedups._peak import NO_BF16_UNITS, cpu_bf16_units
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.measure import look_rounds, median, model_copy, settle
+from lightning_speedups.measure import NoLossError, look_rounds, median, model_copy, settle, training_step_loss
 
 __all__ = ["PrecisionTrial"]
 
@@ -303,16 +302,16 @@ def _bf16_failure(pl_module: L.LightningModule, batch: Any, batch_idx: int, devi
         return None  # no room for a copy: the first bf16 step runs unchecked (a failure then stops the fit, as usual)
     copy = model_copy(pl_module, train=True)
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the copy has no Trainer: self.log() only warns
+        with torch.random.fork_rng(devices=[]):
             with torch.autocast(device_type, dtype=torch.bfloat16):
-                out = copy.training_step(batch, batch_idx)
-            loss = out["loss"] if isinstance(out, Mapping) else out
-            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                loss = training_step_loss(copy, batch, batch_idx, quiet=True)
+            if loss.requires_grad:
                 loss.backward()
+    except NoLossError:
+        return None  # a step that returns no loss (a skipped batch) has nothing to check
     except Exception as err:  # any failure of the user's step under bf16 keeps fp32, with the reason
         return f"`{type(pl_module).__name__}.training_step` fails under bf16 autocast ({type(err).__name__}: {err})"
-    if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss.detach().float()).all()):
+    if not bool(torch.isfinite(loss.detach().float()).all()):
         return f"bf16 autocast gives `{type(pl_module).__name__}` a non-finite loss ({float(loss):.3g})"
     bad = [n for n, p in copy.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
     if bad:  # an overflow in bf16's range: one optimizer step on these gradients would ruin the weights

@@ -19,7 +19,7 @@ evenly over them, and ratios compare medians (the loop and its example: ``measur
 from lightning_speedups.measure.cache import PlanCache, default_cache_dir, plan_key
 from lightning_speedups.measure.decide import Comparison, Settled, compare, look_rounds, median_interval, settle
 from lightning_speedups.measure.machine import cpu_model, machine_info
-from lightning_speedups.measure.models import make_train_step, model_copy
+from lightning_speedups.measure.models import NoLossError, make_train_step, model_copy, training_step_loss
 from lightning_speedups.measure.ratio import (
     MeasuredRatio,
     conservative_ratio,
@@ -43,8 +43,10 @@ __all__ = [
     "ratio_evidence",
     "settle",
     # what is timed
+    "NoLossError",
     "make_train_step",
     "model_copy",
+    "training_step_loss",
     # raw times, medians, the machine
     "cpu_model",
     "interleaved_ratio",

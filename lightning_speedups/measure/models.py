@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["make_train_step", "model_copy"]
+__all__ = ["NoLossError", "make_train_step", "model_copy", "training_step_loss"]
 
 
 def model_copy(module: nn.Module, train: bool | None = None) -> nn.Module:
@@ -40,6 +41,36 @@ def model_copy(module: nn.Module, train: bool | None = None) -> nn.Module:
     if train is not None:
         clone.train(train)
     return clone
+
+
+class NoLossError(TypeError):
+    """A ``training_step`` returned no loss tensor (``None`` skips the batch in Lightning; a mapping without
+    ``"loss"``): there is nothing to time or to check on this batch."""
+
+
+def training_step_loss(model: nn.Module, batch: Any, batch_idx: int = 0, *, quiet: bool = False) -> torch.Tensor:
+    """The loss of one ``model.training_step(batch, batch_idx)`` outside the Trainer, as the fit would compute it
+    (``model(batch)`` for a module without ``training_step``): the tensor, or the ``"loss"`` of a mapping.
+
+    The copies measured here have no Trainer, so their ``self.log()`` calls only warn: those warnings are silenced,
+    the model's own are not, unless ``quiet`` (a check whose real step shows the same warnings, or a compiled copy's
+    tracing) silences every warning.
+
+    Raises:
+        NoLossError: the step returned no loss tensor.
+    """
+    step = getattr(model, "training_step", None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
+        warnings.filterwarnings("ignore", message=r".*self\.trainer.*")
+        if quiet:
+            warnings.simplefilter("ignore")
+        out = step(batch, batch_idx) if callable(step) else model(batch)
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if not isinstance(loss, torch.Tensor):
+        what = f"a {type(out).__name__} without a 'loss' tensor" if isinstance(out, Mapping) else type(out).__name__
+        raise NoLossError(f"training_step returned {what}, not a loss tensor")
+    return loss
 
 
 def _device_type(model: nn.Module, x: Any) -> str:

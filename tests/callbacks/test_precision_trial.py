@@ -142,6 +142,17 @@ def test_precision_trial_keeps_fp32_when_the_step_fails_in_bf16(bf16_units):
     assert len(model.train_autocast) == 8 and not any(model.train_autocast)
 
 
+class _SkipsFirst(Timed):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+        return None if batch_idx == 1 else super().training_step(batch, batch_idx)  # Lightning skips a None step
+
+
+def test_precision_trial_checks_nothing_on_a_step_that_returns_no_loss(bf16_units):
+    model, trial = _SkipsFirst(bf16_cost=0.5), PrecisionTrial(clock=fake_clock)
+    _fit(model, trial, 20)  # the check on a copy meets the skipped batch: nothing to check, the trial goes on
+    assert trial.kept == BF16 and "fails" not in trial.note
+
+
 def test_precision_trial_keeps_fp32_when_bf16_overflows(bf16_units):
     model, trial = Timed(overflow_in_bf16=True), PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 8)  # the check on a copy saw the non-finite loss: the real model never ran a bf16 step

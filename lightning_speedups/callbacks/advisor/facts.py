@@ -7,9 +7,9 @@ Each ``fill_*`` / ``measure_effects`` writes into the window's
 
 from __future__ import annotations
 
+import functools
 import math
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
@@ -23,7 +23,7 @@ from lightning_speedups.callbacks.compile import TorchCompile
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import Finding, Measurements, OptimizerMeasurement, probes
 from lightning_speedups.functional.advisor.rules import compile_may_pay_back
-from lightning_speedups.measure import cpu_model
+from lightning_speedups.measure import cpu_model, training_step_loss
 
 __all__ = [
     "checksum",
@@ -207,17 +207,6 @@ def _ends_smaller(loader: Any) -> bool:
         return False
 
 
-def _training_step_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """The loss of ``model.training_step(batch, 0)`` on a copy (no Trainer there: ``self.log`` only warns)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = model.training_step(batch, 0)
-    out = out["loss"] if isinstance(out, Mapping) else out
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"training_step returned {type(out).__name__}, not a loss tensor")
-    return out
-
-
 def _compile_skip_reason(module: nn.Module, batch: Any) -> str:
     if batch is None:
         return "no training batch kept to time"
@@ -246,9 +235,8 @@ def measure_compile(m: Measurements, module: nn.Module, batch: Any) -> None:
         m.compile_note = f"probe failed: {type(err).__name__}: {err}"[:300]
         return
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(m.precision)  # the run's autocast
-    probe = probes.compile_speedup(
-        module, batch, loss=_training_step_loss if lightning else None, attrs=attrs, autocast_dtype=dtype
-    )
+    loss = functools.partial(training_step_loss, quiet=True) if lightning else None  # the copy has no Trainer
+    probe = probes.compile_speedup(module, batch, loss=loss, attrs=attrs, autocast_dtype=dtype)
     m.compile_s, m.compile_speedup, m.compile_eager_s = probe.compile_s, probe.speedup, probe.eager_step_s
     m.compile_note = f"probe failed: {probe.error}" if probe.error else ""
 
