@@ -113,6 +113,8 @@ def _lr_grid_rows(payload: list[dict[str, Any]]) -> str:
 ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads.json": ("workloads", "Held-out and dev tasks", _workloads_rows),
     "workloads_no_bf16.json": ("workloads", "With `no_bf16=True` (`--no-bf16`): the fp32 path", _workloads_rows),
+    "workloads_in_fit.json": ("workloads", "autotune with precision timed on the fit's own steps (its default on a "
+                              "CPU with bf16 units)", _workloads_rows),
     "workloads_amx.json": ("workloads", "On a CPU with AMX bf16 units", _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
