@@ -17,6 +17,7 @@ from lightning_speedups.autotune.budget import Skipped, budget_note
 from lightning_speedups.autotune.trials import COMPARISON_STEPS, MIN_ROUNDS
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.demo import DemoClassifier
+from lightning_speedups.measure import PlanCache
 from tests.test_autotune import FakeMachine, _fake_tune, _loader, _patched
 
 
@@ -80,6 +81,10 @@ def test_the_fits_precision_decision_is_cached_and_a_later_run_starts_in_it(monk
     assert "timed on the fit's own steps" in choice.note and decided.gain == pytest.approx(1.3)
     trial.on_decision(trial)  # a second fit of the undecided plan: the entry is already decided, left as it is
     assert autotune(DemoClassifier(width=4), _loader(), **kw).choices[0].chosen == "bf16-mixed"
+    # an entry the record cannot read (hand-edited) warns: the user's fit, which made the decision, goes on
+    PlanCache(tmp_path).put(trial.on_decision.key, {"settings": {"precision_trial": True}})
+    with pytest.warns(UserWarning, match=r"decision was not cached \(KeyError"):
+        trial.on_decision(trial)
 
 
 def test_the_rest_of_a_small_budget_goes_on_in_order_and_the_note_says_what_was_left_and_what_one_needs(monkeypatch):

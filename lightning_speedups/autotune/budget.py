@@ -140,9 +140,9 @@ class InFitRecord:
             if entry is None or not entry.get("settings", {}).get("precision_trial"):
                 return  # the entry is gone or already decided
             store.put(self.key, decided_entry(entry, trial.kept, tuple(trial.ratio), trial.rounds, trial.note))
-        except OSError as err:
-            warnings.warn(f"autotune: the in-fit precision decision was not cached ({err}); the next run times it "
-                          "again", stacklevel=2)  # fmt: skip
+        except (OSError, KeyError, TypeError, ValueError) as err:  # the cache, never the user's fit, pays for it
+            warnings.warn(f"autotune: the in-fit precision decision was not cached ({type(err).__name__}: {err}); "
+                          "the next run times it again", stacklevel=2)  # fmt: skip
 
 
 def decided_entry(entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
