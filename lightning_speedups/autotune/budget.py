@@ -16,6 +16,7 @@ from typing import Any
 from lightning_speedups.autotune.trials import APPLIES, BLOCKERS, CANDIDATES, Choice, TrialContext
 
 __all__ = [
+    "IN_FIT",
     "IN_FIT_MIN_STEPS",
     "SIZING_STEPS",
     "InFitRecord",
@@ -81,6 +82,7 @@ def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], l
 # plus about two steps (its bf16 warm-up and the check of one bf16 step on a copy): it is planned only where those two
 # steps are within the same 2%
 IN_FIT_MIN_STEPS = 100
+IN_FIT = "in-fit trial"  # the precision choice's value while the fit's own steps decide it
 
 _DEFAULT_NOTE = (
     "bf16 timed against fp32 on the fit's own first steps (PrecisionTrial): those steps train as they measure, so "
@@ -116,7 +118,7 @@ def in_fit_precision(ctx: TrialContext, *, by_default: bool = False) -> Choice:
     offline comparison, so the plan still measures the candidate that matters most on bf16 hardware."""
     ctx.plan["precision_trial"] = True
     note = _DEFAULT_NOTE if by_default else _BUDGET_NOTE
-    return Choice("precision", "in-fit trial", ["32-true", "bf16-mixed"], 1.0, (1.0, 1.0), 0, note, changed=True)
+    return Choice("precision", IN_FIT, ["32-true", "bf16-mixed"], 1.0, (1.0, 1.0), 0, note, changed=True)
 
 
 @dataclass(frozen=True)
@@ -139,13 +141,13 @@ class InFitRecord:
             entry = store.get(self.key)
             if entry is None or not entry.get("settings", {}).get("precision_trial"):
                 return  # the entry is gone or already decided
-            store.put(self.key, decided_entry(entry, trial.kept, tuple(trial.ratio), trial.rounds, trial.note))
+            store.put(self.key, _decided_entry(entry, trial.kept, tuple(trial.ratio), trial.rounds, trial.note))
         except (OSError, KeyError, TypeError, ValueError) as err:  # the cache, never the user's fit, pays for it
             warnings.warn(f"autotune: the in-fit precision decision was not cached ({type(err).__name__}: {err}); "
                           "the next run times it again", stacklevel=2)  # fmt: skip
 
 
-def decided_entry(entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
+def _decided_entry(entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
                   ) -> dict[str, Any]:  # fmt: skip
     """The cached plan ``entry`` with its in-fit precision replaced by the fit's decision: the Trainer's
     ``precision`` set, no ``PrecisionTrial``, and the precision choice holding the measured ratio."""

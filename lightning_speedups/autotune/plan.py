@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader
 
+from lightning_speedups.autotune.budget import IN_FIT
 from lightning_speedups.autotune.methods import method_callbacks
 from lightning_speedups.autotune.trials import Choice
 from lightning_speedups.callbacks.batch_size.loaders import fit_loader_problem, rebuild_loader
@@ -53,7 +54,7 @@ class TunePlan:
         decided, then its measured ratio when it kept bf16."""
         total = 1.0
         for choice in self.choices:
-            if choice.name == "precision" and choice.chosen == "in-fit trial":
+            if choice.name == "precision" and choice.chosen == IN_FIT:
                 total *= self._in_fit_precision_gain()
             else:
                 total *= choice.gain if choice.changed else 1.0
