@@ -42,6 +42,10 @@ class Plain(L.LightningModule):
                  "adam": torch.optim.Adam(self.parameters(), lr=1e-3)}  # fmt: skip
         if self.form == "trainer":
             return torch.optim.SGD(self.parameters(), lr=0.1 * self.trainer.max_epochs)
+        if self.form == "planned":  # the usual schedule sized by the run (OneCycleLR, HF's linear warm-up)
+            total = self.trainer.estimated_stepping_batches
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[0.05, 0.5], total_steps=total)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
         return forms[self.form]
 
 
@@ -92,7 +96,29 @@ def test_a_configure_optimizers_that_needs_a_fit_falls_back_to_adamw_with_one_no
     trials.make_step(ctx, {"implementation": "foreach"})()
     (note,) = ctx.notes
     assert note.startswith("the trials timed AdamW (lr 1e-4), not the model's optimizer: `configure_optimizers` "
-                           "cannot run outside a fit (RuntimeError")  # fmt: skip
+                           "cannot run outside a fit (AttributeError")  # fmt: skip
+    assert "'max_epochs'" in note and "autotune answers only `self.trainer.` estimated_stepping_batches" in note
+
+
+def test_a_configure_optimizers_sized_by_the_planned_run_is_timed_as_written(monkeypatch):
+    # self.trainer.estimated_stepping_batches needs a fit: the trial's copy gets a stand-in for the planned run
+    model = Plain("planned")
+    seen = set()
+    real = torch.optim.Optimizer.zero_grad
+    monkeypatch.setattr(torch.optim.Optimizer, "zero_grad", lambda opt, *a, **k: seen.add(opt) or real(opt, *a, **k))
+    ctx = trials.TrialContext(model, next(iter(_loader())), torch.device("cpu"), 40, 0.05, float("inf"), {})
+    trials.make_step(ctx, {})()
+    (opt,) = seen
+    assert type(opt) is torch.optim.SGD and opt.defaults["momentum"] == 0.9 and ctx.notes == []
+    with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):
+        model.trainer  # noqa: B018  (the user's model never had the stand-in)
+    opt, why = trial_optimizer(Plain("planned"))  # no planned length given: the fit-only error as before
+    assert opt is None and why.startswith("`configure_optimizers` cannot run outside a fit (RuntimeError")
+    copy = Plain("planned")
+    opt, why = trial_optimizer(copy, planned_steps=40)
+    assert why is None and type(opt) is torch.optim.SGD
+    with pytest.raises(RuntimeError, match="not attached"):
+        copy.trainer  # noqa: B018  (detached again after the call)
 
 
 def test_the_kernel_is_not_offered_to_a_plain_module(monkeypatch):

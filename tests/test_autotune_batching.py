@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler
 
 from lightning_speedups.autotune import autotune, list_candidates
 from lightning_speedups.callbacks.sequence_batching import SequenceBatching
+from lightning_speedups.data.padding import pad_collate
 from lightning_speedups.demo import DemoClassifier
 from tests.test_autotune import _loader as _image_loader
 
@@ -122,3 +123,39 @@ def test_token_data_the_plan_cannot_rebatch_is_noted():
 def test_token_data_of_one_length_is_not_timed():
     plan = _tune(_tokens(same=16))
     assert plan.choices == [] and "batching not tried: the samples read all have 16 tokens" in plan.notes[0]
+
+
+def _labelled_pad(items):  # noqa: ANN001, ANN202
+    """A collate that does more than pad: it builds per-token labels the step needs (as an MLM collator does)."""
+    ids, y = _pad_to_max(items)
+    return {"input_ids": ids, "labels": y, "token_labels": ids.roll(1, dims=1)}
+
+
+class _DictClassifier(_Classifier):
+    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        assert "token_labels" in batch, "a batch that did not go through the user's collate"
+        return super().training_step((batch["input_ids"], batch["labels"]), batch_idx)
+
+
+def test_a_collate_that_does_more_than_pad_batches_the_timed_batches_too():
+    # before: the estimate collated with pad_collate, the step failed on it and batching was never measured
+    def labelled_dynamic(items):  # noqa: ANN001, ANN202
+        batch = pad_collate(multiple_of=1)([{"input_ids": x, "labels": y} for x, y in items])
+        return {**batch, "token_labels": batch["input_ids"].roll(1, dims=1)}
+
+    loader = DataLoader(_LongTail(), batch_size=8, shuffle=True, collate_fn=labelled_dynamic)
+    plan = _tune(loader, model=_DictClassifier())
+    (choice,) = plan.choices
+    assert choice.name == "batching" and not any("failed" in n for n in plan.notes)
+    assert "the new batches go through your collate_fn, which does more than pad (its batch is a dict where " \
+           "padding gives a tuple)" in choice.note  # fmt: skip
+
+
+def test_a_collate_that_does_more_than_pad_to_one_width_is_not_timed():
+    loader = DataLoader(_LongTail(), batch_size=8, shuffle=True, collate_fn=_labelled_pad)
+    plan = _tune(loader, model=_DictClassifier())
+    assert plan.choices == [] and plan.notes == [
+        "batching not tried: your collate_fn does more than pad (its batch is a dict where padding gives a tuple), "
+        "so the new batches would go through it, and it pads even the shortest samples to 128 tokens: there is no "
+        "padding to save. HINT: pad to each batch's longest sample in it"
+    ]

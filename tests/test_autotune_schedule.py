@@ -57,6 +57,8 @@ class _Plain(L.LightningModule):
         if self.conf == "needs_trainer":
             steps = self.trainer.estimated_stepping_batches
             return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, 1e-2, total_steps=int(steps))]
+        if self.conf == "reads_datamodule":  # more than the planned run's length: not answered before the fit
+            return torch.optim.Adam(self.parameters(), lr=1e-3 * self.trainer.datamodule.batch_size)
         return opt
 
 
@@ -84,7 +86,11 @@ def test_schedule_warmup_is_a_quarter_epoch_at_most_five_percent():
         (lambda: _Plain("lists"), {}, "`_Plain.configure_optimizers` already returns an LR scheduler"),
         (lambda: _Plain("dict"), {}, "`_Plain.configure_optimizers` already returns an LR scheduler"),
         (lambda: DemoClassifier(width=4, scheduler_config=SchedulerConfig("step")), {}, "already returns an LR"),
-        (lambda: _Plain("needs_trainer"), {}, "could not check whether `configure_optimizers` returns a scheduler"),
+        # asked with a stand-in for the planned run (autotune.optim.PlannedRun), as the trials' optimizer is
+        (lambda: _Plain("needs_trainer"), {}, "`_Plain.configure_optimizers` already returns an LR scheduler"),
+        (lambda: _Plain("reads_datamodule"), {}, "could not check whether it returns a scheduler: "
+                                                  "`configure_optimizers` cannot run outside a fit (AttributeError: "
+                                                  "'PlannedRun' object has no attribute 'datamodule')"),
         (lambda: _Plain("sgd"), {}, "its evidence is for Adam-type optimizers (Adam, AdamW, NAdam, RAdam, Adamax), "
                                      "and `configure_optimizers` returns SGD, whose learning rate is kept"),
         (lambda: DemoClassifier(width=4, optimizer_config={"name": "sgd", "lr": 0.1}), {}, "returns SGD"),
@@ -95,8 +101,8 @@ def test_schedule_warmup_is_a_quarter_epoch_at_most_five_percent():
         (lambda: _Plain(), {"callbacks": [StochasticWeightAveraging(swa_lrs=1e-2)]}, "(StochasticWeightAveraging)"),
         (lambda: _Plain(), {"callbacks": [LRFinder()]}, "sets the learning rate (LRFinder)"),
     ],
-    ids=["lists", "dict", "mixin-scheduler", "needs-trainer", "sgd", "mixin-sgd", "unbounded", "no-max-epochs",
-         "fast-schedule", "swa", "lr-finder"],
+    ids=["lists", "dict", "mixin-scheduler", "needs-trainer", "reads-datamodule", "sgd", "mixin-sgd", "unbounded",
+         "no-max-epochs", "fast-schedule", "swa", "lr-finder"],
 )
 def test_schedule_left_out_where_fast_schedule_cannot_run(build, kwargs, why):
     plan = _plan(build(), **kwargs)

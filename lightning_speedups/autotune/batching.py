@@ -20,7 +20,12 @@ from typing import Any
 import lightning_speedups.autotune.candidates  # noqa: F401  (registers precision, which this candidate goes before)
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.autotune.trials import Choice, TrialContext, register_candidate
-from lightning_speedups.callbacks._sequence_choice import check_sequence_loader, estimate_batchings
+from lightning_speedups.callbacks._sequence_choice import (
+    check_sequence_loader,
+    estimate_batchings,
+    own_collate_reason,
+    own_collate_width,
+)
 from lightning_speedups.data.padding import sequence_lengths, token_tensor
 from lightning_speedups.measure import model_copy
 
@@ -75,6 +80,13 @@ def _batching(ctx: TrialContext, share: float) -> Choice | None:
         ctx.notes.append(f"batching not tried: the samples read all have {same} tokens: there is no padding to save")
         return None
     lengths = sequence_lengths(dataset).lengths
+    own = own_collate_reason(ctx.loader)
+    width = own_collate_width(ctx.loader, lengths) if own is not None else None
+    if width is not None:  # the new batches would go through it, and it pads them all to one width again
+        ctx.notes.append(f"batching not tried: your collate_fn does more than pad ({own.split(': ', 1)[1]}), so the "
+                         f"new batches would go through it, and it pads even the shortest samples to {width} tokens: "
+                         "there is no padding to save. HINT: pad to each batch's longest sample in it")  # fmt: skip
+        return None
     model = model_copy(ctx.model, train=True).to(ctx.device)
     try:
         estimates = estimate_batchings(model, ctx.device, ctx.loader, lengths, STRATEGIES, probes=_PROBES)
@@ -95,6 +107,8 @@ def _batching(ctx: TrialContext, share: float) -> Choice | None:
         if keep
         else f"your loader kept: no batching beat it by the {ctx.margin:.0%} margin ({text})"
     )
+    if own is not None:  # the new batches go through it too (SequenceBatching decides the same way)
+        note += f"; the new batches go through your collate_fn, which does more than pad ({own.split(': ', 1)[1]})"
     return Choice(
         "batching",
         best if keep else None,

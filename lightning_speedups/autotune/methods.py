@@ -26,7 +26,6 @@ square-root rule too (a :class:`~lightning_speedups.optim.SpeedupMixin` model's 
 from __future__ import annotations
 
 import statistics
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +35,7 @@ from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.autotune.kinds import evidence_text, proven_kinds
-from lightning_speedups.autotune.optim import optimizers_of, returns_scheduler
+from lightning_speedups.autotune.optim import configured, optimizers_of, outside_fit_reason, returns_scheduler
 from lightning_speedups.autotune.trials import Choice
 from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA, SHARDED_STRATEGIES
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
@@ -166,7 +165,12 @@ def _bounded(trainer_kwargs: dict[str, Any]) -> bool:
     return (steps is not None and steps != -1) or (epochs is not None and epochs != -1)
 
 
-def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any]) -> str | None:
+def _steps_of(trainer_kwargs: dict[str, Any]) -> int | None:
+    steps = trainer_kwargs.get("max_steps")
+    return int(steps) if isinstance(steps, int) and steps > 0 else None
+
+
+def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any], planned_steps: int | None = None) -> str | None:
     """Why the schedule cannot join this run (``None``: it can), before any Trainer exists: what
     :class:`FastSchedule` refuses (a module that returns a scheduler, manual optimization, an unbounded run), and a
     Trainer that already has a callback owning the LR (another FastSchedule, StochasticWeightAveraging's SWALR, an LR
@@ -181,16 +185,10 @@ def schedule_blocker(model: nn.Module, trainer_kwargs: dict[str, Any]) -> str | 
     owners = [type(cb).__name__ for cb in callbacks if isinstance(cb, lr_owners)]
     if owners:
         return f"the Trainer already has a callback that sets the learning rate ({', '.join(owners)})"
-    copy = model_copy(model, train=True)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            conf = copy.configure_optimizers()
-    except Exception as err:  # e.g. it reads self.trainer, which only a fit attaches
-        return (
-            f"could not check whether `configure_optimizers` returns a scheduler outside a fit "
-            f"({type(err).__name__}: {err})"
-        )
+        conf = configured(model_copy(model, train=True), planned_steps or _steps_of(trainer_kwargs))
+    except Exception as err:
+        return f"could not check whether it returns a scheduler: {outside_fit_reason(err)}"
     if returns_scheduler(conf):
         return f"`{type(model).__name__}.configure_optimizers` already returns an LR scheduler"
     others = sorted({type(opt).__name__ for opt in optimizers_of(conf) if not isinstance(opt, _ADAM_TYPE)})
@@ -210,10 +208,12 @@ def schedule_warmup(loader_steps: int | None, planned_steps: int) -> float:
     return min(0.05, 0.25 * loader_steps / max(planned_steps, 1))
 
 
-def schedule_choice(model: nn.Module, trainer_kwargs: dict[str, Any], kind: str) -> tuple[Choice | None, str | None]:
+def schedule_choice(
+    model: nn.Module, trainer_kwargs: dict[str, Any], kind: str, planned_steps: int | None = None
+) -> tuple[Choice | None, str | None]:
     """The schedule as a plan choice; ``(None, note)`` when :func:`schedule_blocker` refuses it. It costs nothing per
     step (one ``LambdaLR`` step), so nothing is timed: its evidence is the bench's."""
-    why = schedule_blocker(model, trainer_kwargs)
+    why = schedule_blocker(model, trainer_kwargs, planned_steps)
     if why is not None:
         return None, f"schedule not added: {why}"
     note = (

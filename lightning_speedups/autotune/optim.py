@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["optimizers_of", "returns_scheduler", "trial_optimizer", "with_implementation"]
+__all__ = ["PlannedRun", "configured", "optimizers_of", "outside_fit_reason", "returns_scheduler", "trial_optimizer",
+           "with_implementation"]  # fmt: skip
 
 _KERNEL_KEYS = ("fused", "foreach")
 
@@ -57,24 +58,110 @@ def _mixin_optimizer(model: nn.Module) -> torch.optim.Optimizer | None:
     return create_optimizer(model, cfg)  # type: ignore[arg-type]
 
 
-def trial_optimizer(model: nn.Module) -> tuple[torch.optim.Optimizer | None, str | None]:
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """What a ``configure_optimizers`` may ask of ``self.trainer`` before a fit, answered for the planned run.
+
+    Outside a fit a LightningModule has no Trainer, so a ``configure_optimizers`` that sizes its scheduler by
+    ``self.trainer.estimated_stepping_batches`` (the usual way with ``OneCycleLR`` or Hugging Face's
+    ``get_linear_schedule_with_warmup``) raises. autotune attaches this stand-in to the *trial's copy* of the model
+    and asks again, so the trials still time the user's optimizer. Any other attribute raises ``AttributeError``,
+    and the trials fall back to AdamW with a note that names it.
+
+    Example::
+
+        >>> run = PlannedRun(estimated_stepping_batches=300)
+        >>> run.max_steps, run.world_size, run.is_global_zero
+        (300, 1, True)
+    """
+
+    estimated_stepping_batches: int
+    accumulate_grad_batches: int = 1
+    world_size: int = 1
+    num_devices: int = 1
+    num_nodes: int = 1
+    global_rank: int = 0
+    local_rank: int = 0
+    global_step: int = 0
+    current_epoch: int = 0
+    is_global_zero: bool = True
+
+    @property
+    def max_steps(self) -> int:
+        return self.estimated_stepping_batches
+
+
+def _called(configure: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return configure()
+
+
+def _has_trainer(model: Any) -> bool:
+    try:
+        model.trainer  # noqa: B018  (raises when none is attached)
+    except RuntimeError:
+        return False
+    return True
+
+
+def configured(model: nn.Module, planned_steps: int | None = None) -> Any:
+    """What ``model.configure_optimizers()`` returns, called outside a fit (call it on a copy: it builds on the
+    model's own parameters); it raises what stopped it.
+
+    A LightningModule without a Trainer whose ``configure_optimizers`` fails (it read ``self.trainer``) is asked
+    again with a :class:`PlannedRun` of ``planned_steps`` attached, then detached. When the stand-in was asked for
+    something it does not answer, that ``AttributeError`` is raised; otherwise the first error is."""
+    import lightning as L
+
+    configure = model.configure_optimizers
+    try:
+        return _called(configure)
+    except Exception as err:  # e.g. it reads self.trainer, which only a fit attaches
+        if planned_steps is None or not isinstance(model, L.LightningModule) or _has_trainer(model):
+            raise
+        model.trainer = PlannedRun(planned_steps)  # type: ignore[assignment]
+        try:
+            return _called(configure)
+        except AttributeError as planned_err:
+            if PlannedRun.__name__ in str(planned_err):
+                raise planned_err from err
+            raise err from None
+        except Exception:
+            raise err from None
+        finally:
+            model.trainer = None  # type: ignore[assignment]
+
+
+def outside_fit_reason(err: BaseException) -> str:
+    """Why ``configure_optimizers`` could not run outside a fit, from the error :func:`configured` raised."""
+    why = f"`configure_optimizers` cannot run outside a fit ({type(err).__name__}: {err})"
+    if isinstance(err, AttributeError) and PlannedRun.__name__ in str(err):
+        answered = ", ".join(f.name for f in dataclasses.fields(PlannedRun)) + ", max_steps"
+        why += f"; before the fit autotune answers only `self.trainer.` {answered}"
+    return why
+
+
+def trial_optimizer(
+    model: nn.Module, planned_steps: int | None = None
+) -> tuple[torch.optim.Optimizer | None, str | None]:
     """``(optimizer, None)``: the first optimizer ``model.configure_optimizers()`` returns, built on ``model``'s own
-    parameters (call it on the trial's copy); ``(None, why)`` when it cannot be built outside a fit."""
-    configure = getattr(model, "configure_optimizers", None)
-    if not callable(configure):
+    parameters (call it on the trial's copy); ``(None, why)`` when it cannot be built outside a fit.
+
+    When ``configure_optimizers`` needs a Trainer and ``planned_steps`` is given, it is asked again with a
+    :class:`PlannedRun` of that many steps (see :func:`configured`)."""
+    if not callable(getattr(model, "configure_optimizers", None)):
         return None, f"`{type(model).__name__}` has no `configure_optimizers`"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            conf = configure()
-    except Exception as err:  # e.g. it reads self.trainer, which only a fit attaches
+        conf = configured(model, planned_steps)
+    except Exception as err:
         try:
             fallback = _mixin_optimizer(model)
         except Exception:
             fallback = None
         if fallback is not None:
             return fallback, None
-        return None, f"`configure_optimizers` cannot run outside a fit ({type(err).__name__}: {err})"
+        return None, outside_fit_reason(err)
     found = optimizers_of(conf)
     if not found:
         return None, f"`configure_optimizers` returned no optimizer ({type(conf).__name__})"

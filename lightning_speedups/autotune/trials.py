@@ -181,7 +181,7 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
 def _trial_optimizer(ctx: TrialContext, model: nn.Module, implementation: str | None) -> torch.optim.Optimizer:
     """The optimizer the fit will step, built by ``model``'s (the copy's) own ``configure_optimizers``, with the
     plan's kernel; AdamW (noted once in the plan) when it cannot be built outside a fit."""
-    optimizer, why = trial_optimizer(model)
+    optimizer, why = trial_optimizer(model, ctx.planned_steps)
     if optimizer is None:
         note = f"the trials timed AdamW (lr 1e-4), not the model's optimizer: {why}"
         if note not in ctx.notes:

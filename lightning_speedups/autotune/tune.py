@@ -301,7 +301,7 @@ def _add_methods(
         if name == "ema":
             choice, note = ema_choice(ctx.model, ctx.device, step_s, trainer_kwargs, ctx.clock, kind)
         else:
-            choice, note = schedule_choice(ctx.model, trainer_kwargs, kind)
+            choice, note = schedule_choice(ctx.model, trainer_kwargs, kind, ctx.planned_steps)
         if choice is None:
             ctx.notes.append(str(note))
             continue

@@ -4,6 +4,8 @@
   by signature, then by running the model on two documents packed into one row and on each alone.
 - :func:`estimate_epoch_seconds`: the training step timed on a few batches of a batching's epoch (its shortest,
   middle and longest), a line through time against padded tokens, summed over the epoch's batches.
+- :func:`own_collate_reason`: whether the user's ``collate_fn`` does more than pad (masking, labels it builds), so
+  that re-batched samples must still go through it rather than through :func:`pad_collate`;
 - :func:`estimate_batchings`: those estimates for the user's own loader and for length-grouped and token-budget
   batches of its dataset, without a Trainer (what ``SequenceBatching("auto")`` weighs, packing aside; autotune's
   ``"batching"`` candidate calls it), with :func:`batching_sampler` building each batching's sampler.
@@ -22,12 +24,19 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+)
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._tokens import token_ids
-from lightning_speedups.data.padding import pack_sequences, pad_collate
+from lightning_speedups.data.padding import pack_sequences, pad_collate, token_tensor
 from lightning_speedups.data.samplers import (
     LengthGroupedSampler,
     PackedBatchSampler,
@@ -41,6 +50,8 @@ __all__ = [
     "estimate_batchings",
     "estimate_epoch_seconds",
     "loader_epoch_seconds",
+    "own_collate_reason",
+    "own_collate_width",
     "packing_problem",
     "padded_tokens",
     "sampler_epoch_seconds",
@@ -249,7 +260,8 @@ def estimate_batchings(
     probes: int = 3,
 ) -> dict[str, float]:
     """Estimated seconds of training steps per epoch: ``"original"`` (``loader`` as it is) and each of ``strategies``
-    (:func:`batching_sampler` on one rank with :func:`pad_collate`), on ``model`` (a training copy) on ``device``.
+    (:func:`batching_sampler` on one rank with :func:`pad_collate`, or with the loader's own ``collate_fn`` where
+    :func:`own_collate_reason` says it does more than pad), on ``model`` (a training copy) on ``device``.
 
     Example::
 
@@ -257,7 +269,8 @@ def estimate_batchings(
         {'original': 2.1, 'length_grouped': 1.2, 'token_budget': 1.1}
     """
     estimates = {"original": loader_epoch_seconds(model, device, loader, probes)}
-    collate = pad_collate(pad_value, multiple_of)
+    keep_theirs = own_collate_reason(loader, pad_value) is not None
+    collate = loader.collate_fn if keep_theirs else pad_collate(pad_value, multiple_of)
     for name in strategies:
         sampler = batching_sampler(name, lengths, int(loader.batch_size), multiple_of=multiple_of,
                                    drop_last=bool(loader.drop_last), rank=0, world_size=1)
@@ -286,3 +299,103 @@ def check_sequence_loader(loader: Any) -> DataLoader:
             "replace. Allowed values: a DataLoader with shuffle=True/False and no custom sampler or batch_sampler."
         )
     return loader
+
+
+_OTHER = "has other values than a padded batch's"
+_COMPARED = 8  # samples both collates batch when :func:`own_collate_reason` compares them
+
+
+def _joined(why: str) -> str:
+    return why if why.startswith("[") else f" {why}"
+
+
+def _padding_only(theirs: Any, ours: Any, real: Tensor) -> str | None:
+    """Where ``theirs`` differs from ``ours`` other than in its padding (``None``: nowhere). ``real`` marks the
+    samples' own tokens, ``(batch, longest)``: per-token tensors must agree there and hold one value elsewhere (any
+    width, any pad value); other tensors must be equal; a dict key or tuple field that ``ours`` lacks is a change."""
+    if isinstance(theirs, Tensor) and isinstance(ours, Tensor):
+        per_token = theirs.dim() >= 2 and ours.dim() >= 2 and theirs.shape[0] == ours.shape[0] == real.shape[0]
+        if not per_token or theirs.shape[2:] != ours.shape[2:] or min(theirs.shape[1], ours.shape[1]) < real.shape[1]:
+            if theirs.shape == ours.shape and torch.equal(theirs, ours):
+                return None
+            return _OTHER if theirs.shape == ours.shape else f"has shape {tuple(theirs.shape)} where padding gives " \
+                f"{tuple(ours.shape)}"  # fmt: skip
+        width = real.shape[1]
+        mask = real.reshape(*real.shape, *([1] * (theirs.dim() - 2))).expand_as(theirs[:, :width])
+        if not torch.equal(theirs[:, :width][mask], ours[:, :width][mask]):
+            return _OTHER
+        padding = torch.cat([theirs[:, :width][~mask].flatten(), theirs[:, width:].flatten()])
+        return None if padding.numel() == 0 or bool((padding == padding[0]).all()) else _OTHER
+    if isinstance(theirs, Mapping) and isinstance(ours, Mapping):
+        missing = [k for k in theirs if k not in ours]
+        if missing:
+            return f"adds keys {missing!r}"
+        for key in theirs:
+            why = _padding_only(theirs[key], ours[key], real)
+            if why is not None:
+                return f"[{key!r}]{_joined(why)}"
+        return None
+    if isinstance(theirs, (tuple, list)) and isinstance(ours, (tuple, list)):
+        if len(theirs) > len(ours):
+            return f"has {len(theirs)} fields where padding gives {len(ours)}"
+        for i, (a, b) in enumerate(zip(theirs, ours)):
+            why = _padding_only(a, b, real)
+            if why is not None:
+                return f"[{i}]{_joined(why)}"
+        return None
+    kinds = (Tensor, Mapping, (tuple, list))
+    if any(isinstance(theirs, k) != isinstance(ours, k) for k in kinds):
+        return f"is a {type(theirs).__name__} where padding gives a {type(ours).__name__}"
+    try:
+        return None if theirs == ours else _OTHER
+    except Exception:  # noqa: BLE001  (objects that cannot be compared: not provably the same)
+        return f"holds a {type(theirs).__name__} that cannot be compared"
+
+
+def own_collate_reason(loader: Any, pad_value: int = 0, tuple_mask: bool = False) -> str | None:
+    """Why the loader's ``collate_fn`` must batch re-grouped samples itself (``None``: :func:`pad_collate` may
+    replace it, which pads each batch to its own longest sample).
+
+    A collate that only pads (to the batch's or the data set's longest sample, with any pad value) can be replaced.
+    One that does more (masks tokens for a masked LM, builds labels, adds fields, draws random numbers) cannot: the
+    new batches keep it, as Hugging Face's ``group_by_length`` keeps the data collator. It is told by collating the
+    first samples with both (the global RNG left as it was) and comparing them up to the padded width.
+
+    Example::
+
+        >>> from torch.utils.data import DataLoader
+        >>> data = [torch.tensor([5, 6, 7]), torch.tensor([8])]
+        >>> own_collate_reason(DataLoader(data, collate_fn=pad_collate(multiple_of=1))) is None
+        True
+        >>> masked = lambda xs: {**pad_collate()(xs), "labels": torch.zeros(len(xs), 8)}
+        >>> own_collate_reason(DataLoader(data, collate_fn=masked))
+        "`collate_fn` does more than pad: its batch adds keys ['labels']"
+    """
+    collate = getattr(loader, "collate_fn", None)
+    if collate is None or collate is default_collate:
+        return None  # the default cannot batch tokens of different lengths: nothing to keep
+    dataset = loader.dataset
+    samples = [dataset[i] for i in range(min(_COMPARED, len(dataset)))]
+    with torch.random.fork_rng(devices=[]):
+        try:
+            theirs = collate(samples)
+        except Exception:  # noqa: BLE001  (a collate that cannot batch these samples cannot be the one to keep)
+            return None
+    ours = pad_collate(pad_value, 1, tuple_mask=tuple_mask)(samples)
+    if isinstance(samples[0], Tensor) and isinstance(theirs, Tensor):
+        ours = ours["input_ids"]  # bare token tensors: pad_collate's dict against the user's tensor
+    lengths = torch.tensor([len(token_tensor(sample)) for sample in samples])
+    real = torch.arange(int(lengths.max())) < lengths[:, None]
+    why = _padding_only(theirs, ours, real)
+    return None if why is None else f"`collate_fn` does more than pad: its batch{_joined(why)}"
+
+
+def own_collate_width(loader: Any, lengths: Sequence[int]) -> int | None:
+    """The width the loader's ``collate_fn`` pads the shortest samples to, when it is wider than they need (it pads
+    every batch to one width: no batching can save padding through it); ``None`` when it pads to what they need."""
+    shortest = sorted(range(len(lengths)), key=lambda i: lengths[i])[: max(1, int(loader.batch_size or 1))]
+    with torch.random.fork_rng(devices=[]):
+        ids = token_ids(loader.collate_fn([loader.dataset[i] for i in shortest]))
+    need = max(lengths[i] for i in shortest)
+    width = None if ids is None or ids.dim() < 2 else int(ids.shape[1])
+    return width if width is not None and width > math.ceil(need / 64) * 64 else None  # rounding up is not fixed

@@ -26,6 +26,7 @@ from lightning_speedups.callbacks._sequence_choice import (
     batching_sampler,
     check_sequence_loader,
     loader_epoch_seconds,
+    own_collate_reason,
     packing_problem,
     sampler_epoch_seconds,
     training_copy,
@@ -59,6 +60,12 @@ class SequenceBatching(Callback):
       epoch with them, and keeps the fastest, your own loader included (so it never makes an epoch slower than it
       measured). Not ``"token_budget"``: its batches change the optimisation, not only the speed (on the sequences
       bench task it reached a lower accuracy than pad-to-max), so it is yours to choose. Under DDP rank 0 decides.
+
+    Your ``collate_fn``: one that only pads (to the batch's or the data set's longest sample) is replaced by
+    :func:`pad_collate`. One that does more (masks tokens for a masked LM, builds labels or fields, as Hugging Face's
+    data collators do) keeps batching the new batches, as HF's ``group_by_length`` keeps the collator; ``setup``
+    tells the two apart by collating the first samples both ways and says which it found. Packing builds its rows
+    itself, so it is refused for such a collate (``"auto"`` leaves packing out).
 
     Resume: the strategy, the seed, the epoch and the batches already trained are saved in the checkpoint, so a run
     resumed mid-epoch (also after a SIGKILL, from its last checkpoint) trains exactly the batches the uninterrupted
@@ -123,6 +130,7 @@ class SequenceBatching(Callback):
         self._source: DataLoader | None = None
         self._pack_problem: str | None = None
         self._tuple_mask = True
+        self._own_collate: str | None = None  # why the loader's collate_fn batches the new batches too
         self._consumed = 0
         self._restored: dict[str, Any] | None = None
 
@@ -141,6 +149,9 @@ class SequenceBatching(Callback):
         dataset = self._source.dataset
         token_tensor(dataset[0])  # image or other non-token data raises here, naming what it found
         self._tuple_mask = self._keeps_arity(dataset)
+        self._own_collate = own_collate_reason(self._source, self.pad_value, self._tuple_mask)
+        if self._own_collate is not None:
+            rank_zero_info(f"SequenceBatching: {self._own_collate}; the new batches go through it too.")
         found = sequence_lengths(dataset, self._given_lengths)
         self.lengths = found.lengths
         if found.source == "read":
@@ -157,7 +168,13 @@ class SequenceBatching(Callback):
         self._pack_problem = None
         if self.block_size is not None and self.strategy in ("packed", "auto"):
             docs = [token_tensor(dataset[i]) for i in range(min(2, len(dataset)))]
-            self._pack_problem = packing_problem(pl_module, trainer, docs) if len(docs) == 2 else "one document"
+            if self._own_collate is not None:  # packed rows are built by pack_collate, never by the user's collate
+                own = self._own_collate
+                self._pack_problem = f"packed rows would not go through the loader's collate_fn, and {own}"
+            elif len(docs) == 2:
+                self._pack_problem = packing_problem(pl_module, trainer, docs)
+            else:
+                self._pack_problem = "one document"
             if self._pack_problem is not None and self.strategy == "packed":
                 raise SpeedupConfigError(
                     f"`strategy`='packed' cannot be used: {self._pack_problem}. Allowed values: 'length_grouped', "
@@ -175,6 +192,8 @@ class SequenceBatching(Callback):
         if strategy == "packed":
             assert self.block_size is not None
             return pack_collate(self.block_size, self.pad_value)
+        if self._own_collate is not None and self._source is not None:
+            return self._source.collate_fn  # it does more than pad (masking, labels): the new batches keep it
         return pad_collate(self.pad_value, self.multiple_of, tuple_mask=self._tuple_mask)
 
     def _trial_step(self, trainer: L.Trainer, pl_module: L.LightningModule, strategy: str) -> None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import lightning as L
 import pytest
+import torch
 
 from lightning_speedups import SpeedupConfigError
 from lightning_speedups.benchmarks.workloads import (
@@ -124,3 +125,25 @@ def test_workload_time_to_target_reached_and_stops() -> None:
     assert out["steps_to_target"] == 2 and out["steps"] == 2
     assert out["time_to_target_s"] is not None and 0.0 <= out["time_to_target_s"] <= out["train_s"]
     assert isinstance(Workload, type)
+
+
+def test_workload_mlm_masks_like_bert_and_validates_on_fixed_masks() -> None:
+    from lightning_speedups.benchmarks.workloads.text_mlm import IGNORE, MASK, SPECIAL, MaskedParagraphs, mask_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(SPECIAL, 260, (64, 100), generator=gen)
+    maskable = torch.ones_like(ids, dtype=torch.bool)
+    maskable[:, 0] = False  # [CLS] is never asked
+    out, labels = mask_tokens(ids, maskable, generator=gen)
+    picked = labels != IGNORE
+    assert 0.12 < picked.float().mean() < 0.18 and not picked[:, 0].any()
+    assert torch.equal(labels[picked], ids[picked]) and torch.equal(out[~picked], ids[~picked])
+    masked = (out[picked] == MASK).float().mean()
+    assert 0.75 < masked < 0.85  # 80% [MASK]; the rest a random byte or unchanged
+    data = MaskedParagraphs([b"def f(x):\n    return x", b"import os"], fixed_masks_seed=1)
+    first, again = data.collate([data[0], data[1]]), data.collate([data[0], data[1]])
+    assert all(torch.equal(first[k], again[k]) for k in first)  # validation scores the same positions every time
+    assert first["input_ids"].shape == (2, 24) and first["attention_mask"][1].sum() == 11  # padded to the longest
+    train = MaskedParagraphs([b"import os"])
+    batch = train.collate([train[0]])
+    assert set(batch) == {"input_ids", "attention_mask", "labels"} and batch["labels"][0, 0] == IGNORE

@@ -231,3 +231,62 @@ def test_sequence_batching_hugging_face_bert_dynamic_padding():
     assert len(model.shapes) == 6
     assert all(b <= 16 and length % 8 == 0 and length <= 120 for b, length in model.shapes)
     assert len({length for _, length in model.shapes}) > 1  # each batch padded to its own longest sample
+
+
+def _masking_collate(samples):
+    """A masked-LM collate in the manner of HF's DataCollatorForLanguageModeling: pads, then masks with the RNG."""
+    batch = pad_collate(multiple_of=1)(samples)
+    ids = batch["input_ids"]
+    picked = (torch.rand(ids.shape) < 0.15) & (batch["attention_mask"] == 1)
+    return {"input_ids": ids.masked_fill(picked, 63), "attention_mask": batch["attention_mask"],
+            "labels": ids.masked_fill(~picked, -100)}  # fmt: skip
+
+
+def _to_dataset_max(samples):
+    """A pad-only collate of the common kind: every batch padded to one fixed width (here 128), with -1."""
+    ids = torch.full((len(samples), 128), -1, dtype=torch.long)
+    for row, s in enumerate(samples):
+        ids[row, : len(s["input_ids"])] = s["input_ids"]
+    return {"input_ids": ids, "label": torch.tensor([s["label"] for s in samples])}
+
+
+def test_a_collate_that_only_pads_is_replaced_and_one_that_does_more_is_kept():
+    from lightning_speedups.callbacks._sequence_choice import own_collate_reason
+
+    assert own_collate_reason(_loader()) is None
+    assert own_collate_reason(DataLoader(Tokens(), batch_size=8, collate_fn=_to_dataset_max)) is None
+    assert own_collate_reason(DataLoader(Tokens(), batch_size=8)) is None  # default_collate: nothing to keep
+    masking = DataLoader(Tokens(), batch_size=8, collate_fn=_masking_collate)
+    state = torch.get_rng_state()
+    why = own_collate_reason(masking)
+    assert why == "`collate_fn` does more than pad: its batch adds keys ['labels']"
+    assert torch.equal(torch.get_rng_state(), state)  # the check drew the collate's random numbers on a fork
+
+    def shifted(samples):  # the same keys, other token values (a remapping the user's step relies on)
+        batch = pad_collate(multiple_of=1)(samples)
+        return {**batch, "input_ids": batch["input_ids"] + 1}
+
+    why = own_collate_reason(DataLoader(Tokens(), batch_size=8, collate_fn=shifted))
+    assert why == "`collate_fn` does more than pad: its batch['input_ids'] has other values than a padded batch's"
+
+
+def test_sequence_batching_keeps_a_collate_that_masks_and_refuses_packing_for_it():
+    # before: the new batches went through pad_collate, so a masked LM trained on no masks and no labels
+    model, cb = TinyLM(), SequenceBatching("length_grouped", multiple_of=1)
+    loader = DataLoader(Tokens(), batch_size=8, shuffle=True, collate_fn=_masking_collate)
+    seen = []
+    real = TinyLM.training_step
+
+    def record(self, batch, batch_idx):
+        seen.append(batch)
+        return real(self, batch, batch_idx)
+
+    model.training_step = record.__get__(model)
+    _trainer([cb], max_steps=4).fit(model, loader)
+    assert cb.chosen == "length_grouped" and cb.loader.collate_fn is _masking_collate
+    # setup's check step (on a copy) and the 4 training steps: all on batches the user's collate made
+    assert len(seen) == 5 and all("labels" in b and (b["labels"] != -100).any() for b in seen)
+    assert all(((b["input_ids"] == 63) == (b["labels"] != -100)).float().mean() > 0.5 for b in seen)
+    with pytest.raises(SpeedupConfigError, match="packed rows would not go through the loader's collate_fn, and "
+                                                 r"`collate_fn` does more than pad: its batch adds keys \['labels'\]"):
+        _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(TinyLM(), loader)

@@ -20,6 +20,7 @@ from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registrati
     tabular,
     text_cls,
     text_lm,
+    text_mlm,
 )
 from lightning_speedups.benchmarks.workloads._registry import (
     KINDS,
