@@ -97,7 +97,7 @@ def test_a_configure_optimizers_that_needs_a_fit_falls_back_to_adamw_with_one_no
     (note,) = ctx.notes
     assert note.startswith("the trials timed AdamW (lr 1e-4), not the model's optimizer: `configure_optimizers` "
                            "cannot run outside a fit (AttributeError")  # fmt: skip
-    assert "'max_epochs'" in note and "autotune answers only `self.trainer.` estimated_stepping_batches" in note
+    assert "'max_epochs'" in note and "autotune answers only self.trainer's estimated_stepping_batches" in note
 
 
 def test_a_configure_optimizers_sized_by_the_planned_run_is_timed_as_written(monkeypatch):

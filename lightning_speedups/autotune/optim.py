@@ -13,6 +13,7 @@ import inspect
 import warnings
 from typing import Any
 
+import lightning as L
 import torch
 from torch import nn
 
@@ -112,8 +113,6 @@ def configured(model: nn.Module, planned_steps: int | None = None) -> Any:
     A LightningModule without a Trainer whose ``configure_optimizers`` fails (it read ``self.trainer``) is asked
     again with a :class:`PlannedRun` of ``planned_steps`` attached, then detached. When the stand-in was asked for
     something it does not answer, that ``AttributeError`` is raised; otherwise the first error is."""
-    import lightning as L
-
     configure = model.configure_optimizers
     try:
         return _called(configure)
@@ -138,7 +137,7 @@ def outside_fit_reason(err: BaseException) -> str:
     why = f"`configure_optimizers` cannot run outside a fit ({type(err).__name__}: {err})"
     if isinstance(err, AttributeError) and PlannedRun.__name__ in str(err):
         answered = ", ".join(f.name for f in dataclasses.fields(PlannedRun)) + ", max_steps"
-        why += f"; before the fit autotune answers only `self.trainer.` {answered}"
+        why += f"; before the fit autotune answers only self.trainer's {answered}"
     return why
 
 
