@@ -381,7 +381,11 @@ def own_collate_reason(loader: Any, pad_value: int = 0, tuple_mask: bool = False
             theirs = collate(samples)
         except Exception:  # noqa: BLE001  (a collate that cannot batch these samples cannot be the one to keep)
             return None
-    ours = pad_collate(pad_value, 1, tuple_mask=tuple_mask)(samples)
+    try:
+        ours = pad_collate(pad_value, 1, tuple_mask=tuple_mask)(samples)
+    except Exception as err:  # noqa: BLE001  (e.g. a field default_collate cannot stack): only theirs batches them
+        why = f"padding alone cannot batch these samples ({type(err).__name__}: {err})"
+        return f"`collate_fn` does more than pad: {why}"
     if isinstance(samples[0], Tensor) and isinstance(theirs, Tensor):
         ours = ours["input_ids"]  # bare token tensors: pad_collate's dict against the user's tensor
     lengths = torch.tensor([len(token_tensor(sample)) for sample in samples])
@@ -394,8 +398,11 @@ def own_collate_width(loader: Any, lengths: Sequence[int]) -> int | None:
     """The width the loader's ``collate_fn`` pads the shortest samples to, when it is wider than they need (it pads
     every batch to one width: no batching can save padding through it); ``None`` when it pads to what they need."""
     shortest = sorted(range(len(lengths)), key=lambda i: lengths[i])[: max(1, int(loader.batch_size or 1))]
-    with torch.random.fork_rng(devices=[]):
-        ids = token_ids(loader.collate_fn([loader.dataset[i] for i in shortest]))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            ids = token_ids(loader.collate_fn([loader.dataset[i] for i in shortest]))
+    except Exception:  # noqa: BLE001  (it batched the first samples; whatever stops it here, no width is known)
+        return None
     need = max(lengths[i] for i in shortest)
     width = None if ids is None or ids.dim() < 2 else int(ids.shape[1])
     return width if width is not None and width > math.ceil(need / 64) * 64 else None  # rounding up is not fixed

@@ -269,6 +269,17 @@ def test_a_collate_that_only_pads_is_replaced_and_one_that_does_more_is_kept():
     why = own_collate_reason(DataLoader(Tokens(), batch_size=8, collate_fn=shifted))
     assert why == "`collate_fn` does more than pad: its batch['input_ids'] has other values than a padded batch's"
 
+    class WithWords(Tokens):  # a field of ragged lists, which only the user's own collate can batch
+        def __getitem__(self, i: int) -> dict:
+            return {**super().__getitem__(i), "words": ["w"] * (i % 3 + 1)}
+
+    def theirs(samples):
+        return {**pad_collate(multiple_of=1)([{"input_ids": s["input_ids"]} for s in samples]),
+                "words": [s["words"] for s in samples]}  # fmt: skip
+
+    why = own_collate_reason(DataLoader(WithWords(), batch_size=8, collate_fn=theirs))
+    assert why.startswith("`collate_fn` does more than pad: padding alone cannot batch these samples (")
+
 
 def test_sequence_batching_keeps_a_collate_that_masks_and_refuses_packing_for_it():
     # before: the new batches went through pad_collate, so a masked LM trained on no masks and no labels
