@@ -89,7 +89,8 @@ def _batching(ctx: TrialContext, share: float) -> Choice | None:
         return None
     model = model_copy(ctx.model, train=True).to(ctx.device)
     try:
-        estimates = estimate_batchings(model, ctx.device, ctx.loader, lengths, STRATEGIES, probes=_PROBES)
+        estimates = estimate_batchings(model, ctx.device, ctx.loader, lengths, STRATEGIES, probes=_PROBES,
+                                       keep_collate=own is not None)  # fmt: skip
     except Exception as err:  # noqa: BLE001  (the user's training_step on a padded batch: any failure means "no")
         ctx.notes.append(f"batching not tried: the training step failed on a length-aware batch "
                          f"({type(err).__name__}: {err})")  # fmt: skip

@@ -258,10 +258,12 @@ def estimate_batchings(
     pad_value: int = 0,
     multiple_of: int = 8,
     probes: int = 3,
+    keep_collate: bool | None = None,
 ) -> dict[str, float]:
     """Estimated seconds of training steps per epoch: ``"original"`` (``loader`` as it is) and each of ``strategies``
     (:func:`batching_sampler` on one rank with :func:`pad_collate`, or with the loader's own ``collate_fn`` where
     :func:`own_collate_reason` says it does more than pad), on ``model`` (a training copy) on ``device``.
+    ``keep_collate``: that decision when the caller has made it already (``None``: made here).
 
     Example::
 
@@ -269,8 +271,9 @@ def estimate_batchings(
         {'original': 2.1, 'length_grouped': 1.2, 'token_budget': 1.1}
     """
     estimates = {"original": loader_epoch_seconds(model, device, loader, probes)}
-    keep_theirs = own_collate_reason(loader, pad_value) is not None
-    collate = loader.collate_fn if keep_theirs else pad_collate(pad_value, multiple_of)
+    if keep_collate is None:
+        keep_collate = own_collate_reason(loader, pad_value) is not None
+    collate = loader.collate_fn if keep_collate else pad_collate(pad_value, multiple_of)
     for name in strategies:
         sampler = batching_sampler(name, lengths, int(loader.batch_size), multiple_of=multiple_of,
                                    drop_last=bool(loader.drop_last), rank=0, world_size=1)
@@ -316,10 +319,9 @@ def _padding_only(theirs: Any, ours: Any, real: Tensor) -> str | None:
     if isinstance(theirs, Tensor) and isinstance(ours, Tensor):
         per_token = theirs.dim() >= 2 and ours.dim() >= 2 and theirs.shape[0] == ours.shape[0] == real.shape[0]
         if not per_token or theirs.shape[2:] != ours.shape[2:] or min(theirs.shape[1], ours.shape[1]) < real.shape[1]:
-            if theirs.shape == ours.shape and torch.equal(theirs, ours):
-                return None
-            return _OTHER if theirs.shape == ours.shape else f"has shape {tuple(theirs.shape)} where padding gives " \
-                f"{tuple(ours.shape)}"  # fmt: skip
+            if theirs.shape != ours.shape:
+                return f"has shape {tuple(theirs.shape)} where padding gives {tuple(ours.shape)}"
+            return None if torch.equal(theirs, ours) else _OTHER
         width = real.shape[1]
         mask = real.reshape(*real.shape, *([1] * (theirs.dim() - 2))).expand_as(theirs[:, :width])
         if not torch.equal(theirs[:, :width][mask], ours[:, :width][mask]):
