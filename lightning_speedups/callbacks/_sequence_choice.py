@@ -329,6 +329,8 @@ def _padding_only(theirs: Any, ours: Any, real: Tensor) -> str | None:
         padding = torch.cat([theirs[:, :width][~mask].flatten(), theirs[:, width:].flatten()])
         return None if padding.numel() == 0 or bool((padding == padding[0]).all()) else _OTHER
     if isinstance(theirs, Mapping) and isinstance(ours, Mapping):
+        if type(theirs) is not type(ours):  # e.g. a BatchEncoding, read as `batch.input_ids` or moved by its `.to()`
+            return f"is a {type(theirs).__name__} where padding gives a {type(ours).__name__}"
         missing = [k for k in theirs if k not in ours]
         if missing:
             return f"adds keys {missing!r}"

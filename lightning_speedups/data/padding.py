@@ -41,20 +41,39 @@ __all__ = [
 
 
 
+def _int_list(value: Any) -> bool:
+    """A list of Python ints: token ids as a Hugging Face tokenizer returns them (``tokenizer(text)["input_ids"]``)."""
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
 def _as_tokens(value: Any) -> Tensor | None:
-    if isinstance(value, Tensor) and value.dim() == 1 and not value.is_floating_point():
-        return value
+    """``value`` as a 1-D integer tensor: a tensor as it is, a list of ints or a 1-D integer NumPy array converted
+    (``None``: it holds no token ids)."""
+    if isinstance(value, Tensor):
+        return value if value.dim() == 1 and not value.is_floating_point() else None
+    if _int_list(value):
+        return torch.tensor(value, dtype=torch.long)
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 1 and value.dtype.kind in "iu":
+        return torch.from_numpy(value).long()
     return None
 
 
 def token_tensor(sample: Any) -> Tensor:
     """The 1-D integer token tensor of a sample: the sample itself, ``sample["input_ids"]`` or ``sample[0]``.
 
+    Token ids may also be a list of ints or a 1-D integer NumPy array (what a Hugging Face tokenizer or
+    ``datasets.Dataset`` returns); they come back as a tensor.
+
     Raises:
-        SpeedupConfigError: the sample holds no 1-D integer tensor where one is looked for.
+        SpeedupConfigError: the sample holds no token ids where they are looked for.
+
+    Example::
+
+        >>> token_tensor({"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1]}).tolist()
+        [101, 7, 102]
     """
     found: Tensor | None = None
-    if isinstance(sample, Tensor):
+    if isinstance(sample, Tensor) or _int_list(sample):
         found = _as_tokens(sample)
     elif isinstance(sample, Mapping):
         key = next((k for k in TOKEN_KEYS if k in sample), None)
@@ -63,9 +82,9 @@ def token_tensor(sample: Any) -> Tensor:
         found = _as_tokens(sample[0])
     if found is None:
         raise SpeedupConfigError(
-            f"a sample of type {type(sample).__name__} holds no token tensor. Allowed values: a 1-D integer tensor, "
-            f"a dict with one under {' / '.join(map(repr, TOKEN_KEYS))}, or a tuple whose first item is one. "
-            "HINT: sequence batching is for token data; image data keeps the default collate."
+            f"a sample of type {type(sample).__name__} holds no token tensor. Allowed values: a 1-D integer tensor or "
+            f"list of ints, a dict with one under {' / '.join(map(repr, TOKEN_KEYS))}, or a tuple whose first item is "
+            "one. HINT: sequence batching is for token data; image data keeps the default collate."
         )
     return found
 
@@ -107,7 +126,7 @@ class PadCollate:
             mask[i, :n] = 1
         input_ids = _pad_stack(tokens, longest, self.pad_value)
         first = samples[0]
-        if isinstance(first, Tensor):
+        if isinstance(first, Tensor) or _int_list(first):
             return {"input_ids": input_ids, "attention_mask": mask}
         if isinstance(first, Mapping):
             key = next(k for k in TOKEN_KEYS if k in first)
@@ -121,10 +140,11 @@ class PadCollate:
         return (input_ids, *rest, mask) if self.tuple_mask else (input_ids, *rest)
 
     def _field(self, values: list[Any], lengths: list[int], longest: int, is_label: bool) -> Any:
-        """A per-token field (1-D, as long as the tokens) is padded; anything else goes to ``default_collate``."""
-        per_token = all(isinstance(v, Tensor) and v.dim() == 1 and len(v) == n for v, n in zip(values, lengths))
-        if per_token:
-            return _pad_stack(values, longest, self.label_pad_value if is_label else self.pad_value)
+        """A per-token field (1-D, as long as the tokens; a tensor or a list of ints) is padded; anything else goes to
+        ``default_collate``."""
+        rows = [v if isinstance(v, Tensor) and v.dim() == 1 else _as_tokens(v) for v in values]
+        if all(r is not None and len(r) == n for r, n in zip(rows, lengths)):
+            return _pad_stack(rows, longest, self.label_pad_value if is_label else self.pad_value)
         return default_collate(values)
 
 

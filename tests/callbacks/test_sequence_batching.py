@@ -233,6 +233,47 @@ def test_sequence_batching_hugging_face_bert_dynamic_padding():
     assert len({length for _, length in model.shapes}) > 1  # each batch padded to its own longest sample
 
 
+def test_sequence_batching_hugging_face_tokenizer_output_and_data_collator():
+    """The common Hugging Face pipeline: samples as the tokenizer returns them (lists of ints) and
+    ``DataCollatorWithPadding``, whose ``BatchEncoding`` the step may read as attributes. Before, every strategy
+    refused the samples ("holds no token tensor")."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    words = [f"w{i}" for i in range(60)]
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]")
+    texts = [" ".join(words[(i * 7 + j) % 60] for j in range(len(ids))) for i, ids in enumerate(Tokens().samples)]
+    samples = [{**tokenizer(t), "labels": i % 2} for i, t in enumerate(texts)]
+    assert isinstance(samples[0]["input_ids"], list)
+
+    class Bert(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, max_position_embeddings=128, num_labels=2)
+            self.model = transformers.BertForSequenceClassification(config)
+            self.widths: list[int] = []
+
+        def training_step(self, batch, batch_idx):
+            self.widths.append(batch.input_ids.shape[1])  # attribute access: the BatchEncoding reached the step
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    loader = DataLoader(samples, batch_size=16, shuffle=True,
+                        collate_fn=transformers.DataCollatorWithPadding(tokenizer))  # fmt: skip
+    model, cb = Bert(), SequenceBatching("length_grouped")
+    _trainer([cb], max_steps=4).fit(model, loader)
+    assert cb._own_collate == ("`collate_fn` does more than pad: its batch is a BatchEncoding where padding gives a "
+                               "dict")  # fmt: skip
+    assert len(model.widths) == 4 and len(set(model.widths)) > 1
+    with pytest.raises(SpeedupConfigError, match="`strategy`='packed' cannot be used"):
+        _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(Bert(), loader)
+
+
 def _masking_collate(samples):
     """A masked-LM collate in the manner of HF's DataCollatorForLanguageModeling: pads, then masks with the RNG."""
     batch = pad_collate(multiple_of=1)(samples)

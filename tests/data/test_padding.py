@@ -71,6 +71,27 @@ def test_pad_collate_tuple_and_tensor_samples():
     assert bare["input_ids"].tolist() == [[1, 2], [3, 0]]
 
 
+def test_pad_collate_token_ids_as_lists_and_numpy_arrays():
+    # a Hugging Face tokenizer's output: every field a list of ints, the label an int
+    samples = [{"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0], "attention_mask": [1, 1, 1], "labels": 1},
+               {"input_ids": [101, 102], "token_type_ids": [0, 0], "attention_mask": [1, 1], "labels": 0}]  # fmt: skip
+    batch = pad_collate(multiple_of=1)(samples)
+    assert batch["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["token_type_ids"].tolist() == [[0, 0, 0], [0, 0, 0]]
+    assert batch["labels"].tolist() == [1, 0]  # one label per sequence: collated, not padded
+    assert token_tensor([4, 5]).tolist() == [4, 5]  # a bare list of ids is a sample too
+    assert pad_collate(multiple_of=1)([[4, 5], [6]])["input_ids"].tolist() == [[4, 5], [6, 0]]
+    pair = pad_collate(multiple_of=1, tuple_mask=False)([([4, 5], [5, 6]), ([6], [7])])
+    assert [t.tolist() for t in pair] == [[[4, 5], [6, 0]], [[5, 6], [7, IGNORE_INDEX]]]
+    np = pytest.importorskip("numpy")
+    assert token_tensor({"input_ids": np.array([3, 4], dtype=np.int32)}).dtype == torch.long
+    assert sequence_lengths([{"input_ids": [1, 2, 3]}, {"input_ids": np.arange(5)}]).lengths == [3, 5]
+    for not_ids in ([1.5, 2.0], [True, False], np.array([0.5])):
+        with pytest.raises(SpeedupConfigError, match="holds no token tensor. Allowed values: a 1-D integer tensor or"):
+            token_tensor({"input_ids": not_ids})
+
+
 @pytest.mark.parametrize("multiple_of", [1, 3, 8, 64])
 def test_pad_collate_multiple_of_and_mask(multiple_of):
     lengths = [7, 1, 12, 5]
