@@ -149,6 +149,8 @@ def test_indifference_zone_settles_the_climb_and_the_final_check():
     chosen = search.choose([32, 64])  # continues the climb's 3 rounds with one fresh round, then stops: indifferent
     assert search.final["rounds"] == 4 and "within 10% of each other after 4 interleaved rounds" in search.note
     assert chosen in (32, 64)
+    # the recorded final comparison says what was kept (before: the comparison's own note, "kept 32", beside 64)
+    assert search.final["note"] == search.note and search.note.endswith(f"kept the faster median, {chosen}")
 
 
 def test_step_noise_is_not_blown_up_by_one_stalled_step():

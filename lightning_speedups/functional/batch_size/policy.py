@@ -268,7 +268,7 @@ class Search(Measurements):
                 for n, (lo, hi) in cmp.spread.items()
             },
             "ratio_vs_baseline": {int(n): [round(x, 4) for x in r] for n, r in cmp.ratios.items()},
-            "note": cmp.note,
+            "note": self.note,  # the decision as made: the comparison's own note keeps its baseline when unseparated
         }
 
     def _untrusted(self, chosen: int, sizes: list[int], why: str, cmp: Comparison | None = None) -> int:
