@@ -176,9 +176,12 @@ class SequenceBatching(Callback):
             else:
                 self._pack_problem = "one document"
             if self._pack_problem is not None and self.strategy == "packed":
+                hint = (" HINT: to pack, leave `collate_fn` out of the DataLoader: pack_collate builds `input_ids`, "
+                        "`labels` (-100 at each document's first token) and `position_ids` itself."
+                        if self._own_collate is not None else "")  # fmt: skip
                 raise SpeedupConfigError(
                     f"`strategy`='packed' cannot be used: {self._pack_problem}. Allowed values: 'length_grouped', "
-                    "'token_budget', 'auto'."
+                    f"'token_budget', 'auto'.{hint}"
                 )
 
     def _sampler(self, strategy: str) -> SequenceBatchSampler:
@@ -279,7 +282,12 @@ class SequenceBatching(Callback):
             candidates.append("packed")
         elif self.block_size is not None:
             rank_zero_info(f"SequenceBatching: packing not tried: {self._pack_problem}.")
-        self.estimates = {"original": loader_epoch_seconds(model, device, self._source)}
+        self.estimates = {}
+        try:
+            self.estimates["original"] = loader_epoch_seconds(model, device, self._source)
+        except Exception as err:  # noqa: BLE001  (e.g. default_collate on samples of different lengths)
+            rank_zero_info(f"SequenceBatching: your loader was not timed: it cannot batch these samples "
+                           f"({type(err).__name__}: {err}).")  # fmt: skip
         for name in candidates:
             self.estimates[name] = sampler_epoch_seconds(
                 model, device, dataset, self._sampler(name), self._collate(name), multiple_of=self.multiple_of,

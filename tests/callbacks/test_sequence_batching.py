@@ -274,6 +274,17 @@ def test_sequence_batching_hugging_face_tokenizer_output_and_data_collator():
         _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(Bert(), loader)
 
 
+def test_auto_with_a_loader_that_cannot_batch_its_samples_picks_among_the_new_batchings(caplog):
+    # token ids as lists of different lengths and no collate_fn: default_collate cannot batch them, so the user's
+    # loader has no epoch to time (before: auto raised default_collate's RuntimeError from its own timing)
+    samples = [{"input_ids": ids.tolist()} for ids in Tokens().samples]
+    cb = SequenceBatching("auto", multiple_of=1)
+    with caplog.at_level("INFO"):
+        _trainer([cb], max_steps=3).fit(TinyLM(), DataLoader(samples, batch_size=8, shuffle=True))
+    assert cb.chosen == "length_grouped" and set(cb.estimates) == {"length_grouped"}
+    assert "your loader was not timed: it cannot batch these samples (RuntimeError: " in caplog.text
+
+
 def _masking_collate(samples):
     """A masked-LM collate in the manner of HF's DataCollatorForLanguageModeling: pads, then masks with the RNG."""
     batch = pad_collate(multiple_of=1)(samples)
@@ -340,5 +351,6 @@ def test_sequence_batching_keeps_a_collate_that_masks_and_refuses_packing_for_it
     assert len(seen) == 5 and all("labels" in b and (b["labels"] != -100).any() for b in seen)
     assert all(((b["input_ids"] == 63) == (b["labels"] != -100)).float().mean() > 0.5 for b in seen)
     with pytest.raises(SpeedupConfigError, match="packed rows would not go through the loader's collate_fn, and "
-                                                 r"`collate_fn` does more than pad: its batch adds keys \['labels'\]"):
+                                                 r"`collate_fn` does more than pad: its batch adds keys \['labels'\].*"
+                                                 "HINT: to pack, leave `collate_fn` out of the DataLoader"):
         _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(TinyLM(), loader)
