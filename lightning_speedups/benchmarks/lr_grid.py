@@ -12,9 +12,9 @@ so the result does not depend on the machine's load. The finder's row also holds
 rule, the steps the range test ran of those planned, the learning rates it covered, why it stopped early (``None``:
 it did not), and its curve.
 
-The verdict per task (:func:`summarize`): the finder's quality is within :func:`tolerance` (0.01 for an accuracy,
-one point; 0.02 for a loss) of the best grid value, compared in the task's direction (``mode``). A task whose module
-has no numeric ``lr`` attribute gets one ``"skipped"`` row saying so.
+The verdict per task (:func:`summarize`): the finder's quality is within :func:`tolerance` (0.01 for an accuracy
+or an IoU, one point; 0.02 for a loss) of the best grid value, compared in the task's direction (``mode``). A task
+whose module has no numeric ``lr`` attribute gets one ``"skipped"`` row saying so.
 
 Run: ``python -m lightning_speedups.benchmarks.lr_grid --json docs/_data/lr_grid.json [--tasks a,b] [--seeds 0]
 [--quick]``. ``--quick`` is a smoke test of the plumbing: :data:`QUICK_TASKS`, small builds, a few steps, a short
@@ -56,7 +56,7 @@ FINDER_KEYS = ("finder_rule", "finder_suggestions", "finder_planned_steps", "fin
                "finder_stop_reason", "finder_curve")  # fmt: skip
 SMALL_NOTE = "small build (smoke test: the verdict does not apply)"
 # metric name contains -> how close to the best grid value the finder must land
-TOLERANCES: dict[str, float] = {"acc": 0.01, "loss": 0.02}
+TOLERANCES: dict[str, float] = {"acc": 0.01, "iou": 0.01, "loss": 0.02}
 
 
 class _NoLr(Exception):
@@ -68,8 +68,8 @@ def tolerance(metric: str) -> float | None:
 
     Example::
 
-        >>> tolerance("val_acc"), tolerance("val_loss"), tolerance("val_f1")
-        (0.01, 0.02, None)
+        >>> tolerance("val_acc"), tolerance("val_miou"), tolerance("val_loss"), tolerance("val_f1")
+        (0.01, 0.01, 0.02, None)
     """
     return next((tol for key, tol in TOLERANCES.items() if key in metric.lower()), None)
 

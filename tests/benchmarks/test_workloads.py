@@ -73,6 +73,27 @@ def test_workload_seqcls_exposes_lengths() -> None:
     assert ids.shape[1] == ds.max_len and labels.shape[0] == ids.shape[0]
 
 
+def test_workload_segmentation_mask_follows_its_image() -> None:
+    from lightning_speedups.benchmarks.workloads.segmentation import SCENE_CLASSES, draw_scenes
+
+    images, masks = draw_scenes(8, seed=3, size=48)
+    assert images.shape == (8, 3, 48, 48) and images.dtype == torch.uint8 and masks.shape == (8, 48, 48)
+    assert set(masks.unique().tolist()) <= set(range(len(SCENE_CLASSES))) and (masks > 0).any()
+    _, data = get_workload("segment_unet").build(0, small=True)
+    data.setup("fit")
+    # a marker image whose pixels are their own class: wherever crop and flip move a pixel, its class moves with it
+    data.train_set.images = masks[:, None].expand(-1, 3, -1, -1).mul(60).contiguous()
+    data.train_set.masks = masks
+    agree = []
+    for i in range(8):
+        x, y = data.train_set[i]
+        assert x.shape == (3, 48, 48) and y.shape == (48, 48) and y.dtype == torch.long
+        shade = ((x[0] * 0.25 + 0.5) * 255 / 60).round().long()  # undo Normalize and ToDtype's scaling
+        agree.append((shade[y > 0] == y[y > 0]).float().mean())  # on the objects' pixels
+    # all but the edges the resize blends (0.92 on these samples); a mask cropped and flipped on its own: 0.44
+    assert torch.stack(agree).mean() > 0.85
+
+
 def test_workload_unknown_name() -> None:
     with pytest.raises(SpeedupConfigError, match=r"`workload`='nope' is not registered\. Allowed values: .*'digits'"):
         get_workload("nope")

@@ -16,6 +16,7 @@ Example::
 
 from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registration)
     images,
+    segmentation,
     signals,
     tabular,
     text_cls,
