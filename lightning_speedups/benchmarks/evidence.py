@@ -118,6 +118,8 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads_amx.json": ("workloads", "On a CPU with AMX bf16 units", _workloads_rows),
     "workloads_mlm.json": ("workloads", "A held-out Hugging Face masked LM, added after the rules were set",
                            _workloads_rows),
+    "workloads_segment.json": ("workloads", "A held-out U-Net segmentation task, added after the rules were set",
+                               _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
                                        "at `precision=\"bf16-mixed\"`", _workloads_rows),
