@@ -72,14 +72,12 @@ def token_tensor(sample: Any) -> Tensor:
         >>> token_tensor({"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1]}).tolist()
         [101, 7, 102]
     """
-    found: Tensor | None = None
-    if isinstance(sample, Tensor) or _int_list(sample):
-        found = _as_tokens(sample)
-    elif isinstance(sample, Mapping):
+    found = _as_tokens(sample) if isinstance(sample, (Tensor, list)) else None  # the sample itself, scanned once
+    if found is None and isinstance(sample, Mapping):
         key = next((k for k in TOKEN_KEYS if k in sample), None)
         found = _as_tokens(sample[key]) if key is not None else None
-    elif isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) > 0:
-        found = _as_tokens(sample[0])
+    elif found is None and isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) > 0:
+        found = _as_tokens(sample[0])  # a tuple (or a list whose first item is not an int) holds them first
     if found is None:
         raise SpeedupConfigError(
             f"a sample of type {type(sample).__name__} holds no token tensor. Allowed values: a 1-D integer tensor or "
