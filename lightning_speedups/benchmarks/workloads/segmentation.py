@@ -21,6 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
+from lightning_speedups.benchmarks.workloads.images import ImageClassifier
 
 __all__ = ["SCENE_CLASSES", "ScenesDataModule", "SegmentationModule", "UNet", "draw_scenes"]
 
@@ -147,25 +148,14 @@ def _pair(c_in: int, c_out: int) -> nn.Sequential:
     )  # fmt: skip
 
 
-class SegmentationModule(L.LightningModule):
-    """A plain segmentation module: logits as large as the image, per-pixel cross-entropy, AdamW with a polynomial
-    decay over the planned run, and torchmetrics' mean IoU (``val_miou``, the metric) and pixel accuracy
-    (``val_acc``)."""
+class SegmentationModule(ImageClassifier):
+    """A plain segmentation module: the image classifier's step on logits as large as the image (per-pixel
+    cross-entropy), AdamW with a polynomial decay over the planned run, and torchmetrics' mean IoU (``val_miou``, the
+    metric) beside the pixel accuracy (``val_acc``)."""
 
     def __init__(self, net: nn.Module, num_classes: int, lr: float = 2e-3, weight_decay: float = 1e-4) -> None:
-        super().__init__()
-        self.net, self.lr, self.weight_decay = net, lr, weight_decay
+        super().__init__(net, num_classes, lr, weight_decay)
         self.val_miou = torchmetrics.classification.MulticlassJaccardIndex(num_classes, average="macro")
-        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = nn.functional.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
