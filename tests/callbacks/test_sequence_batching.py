@@ -206,6 +206,13 @@ def test_sequence_batching_ddp_two_ranks(tmp_path):
     assert sum(len(b) for r in ranks for b in r["seen"]) >= 96
 
 
+def _tiny_bert(transformers):
+    """A tiny BertForSequenceClassification from a config (offline): vocabulary 64, one layer, two labels."""
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    return transformers.BertForSequenceClassification(config)
+
+
 def test_sequence_batching_hugging_face_bert_dynamic_padding():
     """A public architecture nobody here wrote: a tiny BERT (offline config) in a plain LightningModule."""
     transformers = pytest.importorskip("transformers")
@@ -213,9 +220,7 @@ def test_sequence_batching_hugging_face_bert_dynamic_padding():
     class Bert(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64, max_position_embeddings=128, num_labels=2)
-            self.model = transformers.BertForSequenceClassification(config)
+            self.model = _tiny_bert(transformers)
             self.shapes: list[tuple[int, int]] = []
 
         def training_step(self, batch, batch_idx):
@@ -251,9 +256,7 @@ def test_sequence_batching_hugging_face_tokenizer_output_and_data_collator():
     class Bert(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                             intermediate_size=64, max_position_embeddings=128, num_labels=2)
-            self.model = transformers.BertForSequenceClassification(config)
+            self.model = _tiny_bert(transformers)
             self.widths: list[int] = []
 
         def training_step(self, batch, batch_idx):
