@@ -15,7 +15,7 @@ from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.autotune import autotune
 from lightning_speedups.autotune.budget import Skipped, budget_note
 from lightning_speedups.autotune.trials import COMPARISON_STEPS, MIN_ROUNDS
-from lightning_speedups.callbacks.ema import EMA
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.demo import DemoClassifier
 from lightning_speedups.measure import PlanCache
 from tests.test_autotune import FakeMachine, _fake_tune, _loader, _patched
@@ -160,7 +160,9 @@ def test_a_too_short_run_of_a_conv_model_keeps_its_proven_methods(monkeypatch):
     plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision"], cache=False, clock=machine.clock,
                     accelerator="cpu", max_epochs=1)  # fmt: skip
     assert plan.notes[0].startswith("nothing measured: ")
-    assert [c.name for c in plan.choices] == ["ema", "schedule"] and isinstance(plan.callbacks[0], EMA)
+    assert [c.name for c in plan.choices] == ["schedule"] and isinstance(plan.callbacks[0], FastSchedule)
+    assert any(n.startswith("ema not added: ema made a conv task slower to its target (segment_unet)")
+               for n in plan.notes)  # fmt: skip
 
 
 def test_the_budget_note_lists_each_candidates_need_when_they_differ():

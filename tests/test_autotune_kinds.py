@@ -11,7 +11,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups.autotune import autotune
-from lightning_speedups.autotune.kinds import EVIDENCE, KINDS, evidence_text, model_kind, proven_kinds
+from lightning_speedups.autotune.kinds import EVIDENCE, KINDS, evidence_text, hurt_tasks, model_kind, proven_kinds
+from lightning_speedups.autotune.methods import plan_methods
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.demo import DemoClassifier
@@ -99,12 +100,37 @@ def test_model_kind(build, kind):
     assert model_kind(build()) == kind and kind in KINDS
 
 
-def test_the_evidence_table_covers_conv_only_and_is_quoted_only_for_conv():
-    assert proven_kinds("ema") == ("conv",) and proven_kinds("schedule") == ("conv",)
-    assert {e.task for e in EVIDENCE} == {"digits", "shapes"}
-    assert "[6, 6, 7, 5] without it, [3, 4, 3, 3] with it" in evidence_text("ema", "conv")
+def test_a_method_is_default_only_where_it_helped_and_slowed_no_task_of_the_kind():
+    # the EMA helped digits and shapes (conv) but slowed the U-Net (conv): do no harm takes it out of the conv default
+    assert proven_kinds("ema") == () and proven_kinds("schedule") == ("conv",)
+    assert {e.task for e in EVIDENCE} == {"digits", "shapes", "segment_unet"}
+    assert hurt_tasks("ema", "conv") == ["segment_unet"] and hurt_tasks("schedule", "conv") == []
+    text = evidence_text("ema", "conv")
+    assert "[6, 6, 7, 5] without it, [3, 4, 3, 3] with it" in text
+    assert "segment_unet (slower with it), median seconds to val_miou 0.50" in text and "62.1 without it" in text
     other = evidence_text("ema", "transformer")
-    assert other == "no bench evidence for transformer models (its evidence is for conv models only)"
+    assert other == "no bench evidence for transformer models (the default plan has it for no model kind)"
+    assert evidence_text("schedule", "mlp").endswith("(the default plan has it for conv models only)")
+
+
+def test_one_task_where_a_method_hurt_removes_its_kind_and_a_new_kind_joins_on_a_gain(monkeypatch):
+    from lightning_speedups.autotune import kinds
+
+    rows = (kinds.Evidence("ema", "mlp", "a", "m", "3", "2", "held_out"),
+            kinds.Evidence("ema", "conv", "b", "m", "3", "2"),
+            kinds.Evidence("ema", "conv", "c", "m", "3", "4", "held_out", helps=False))  # fmt: skip
+    monkeypatch.setattr(kinds, "EVIDENCE", rows)
+    assert proven_kinds("ema") == ("mlp",) and proven_kinds("schedule") == ()
+    assert plan_methods(None, "mlp") == (["ema"], "schedule not added: no evidence for this model kind (mlp): "
+                                         "schedule is in the default plan of no model kind; a few trial steps cannot "
+                                         "time a gain in epochs. HINT: pass `methods=['ema', 'schedule']` to add it "
+                                         "anyway.")  # fmt: skip
+    kept, note = plan_methods(None, "conv")
+    assert kept == []
+    assert note.startswith("ema, schedule not added: no evidence for this model kind (conv): schedule is in the "
+                           "default plan of no model kind; ema made a conv task slower to its target (c), so no conv "
+                           "model gets it by default (do no harm);")  # fmt: skip
+    assert plan_methods(["ema"], "conv") == (["ema"], None)  # named: added, whatever the evidence
 
 
 def _plan(model: L.LightningModule, loader: DataLoader, **kw):
@@ -116,9 +142,9 @@ def test_no_method_by_default_for_a_model_kind_without_evidence(body, kind):
     plan = _plan(_TokenClassifier(body), _tokens())
     assert plan.choices == [] and plan.callbacks == [] and "ema" not in plan.settings
     notes = [n for n in plan.notes if "not added" in n]
-    assert notes == [f"ema, schedule not added: no evidence for this model kind ({kind}); the bench showed them "
-                     "reaching the target sooner for conv models only, and a few trial steps cannot time a gain in "
-                     "epochs. HINT: pass `methods=['ema', 'schedule']` to add them anyway."]  # fmt: skip
+    assert notes == [f"ema, schedule not added: no evidence for this model kind ({kind}): ema is in the default plan "
+                     "of no model kind, schedule is in the default plan of conv models only; a few trial steps cannot "
+                     "time a gain in epochs. HINT: pass `methods=['ema', 'schedule']` to add them anyway."]  # fmt: skip
     text = plan.to_text()
     assert "[6, 6, 7, 5]" not in text and "digits" not in text and "shapes" not in text
 
@@ -127,17 +153,23 @@ def test_a_method_named_explicitly_is_added_for_any_kind_with_an_honest_note():
     plan = _plan(_TokenClassifier("transformer"), _tokens(), methods=["ema"])
     (choice,) = plan.choices
     assert choice.name == "ema" and [type(cb) for cb in plan.callbacks] == [EMA]
-    assert "no bench evidence for transformer models (its evidence is for conv models only): added because " \
+    assert "no bench evidence for transformer models (the default plan has it for no model kind): added because " \
            "`methods` names it" in choice.note
     assert not any("not added" in n for n in plan.notes)
     text = plan.to_text()
     assert "[6, 6, 7, 5]" not in text and "digits" not in text
 
 
-def test_a_conv_model_keeps_both_methods_by_default_with_the_conv_evidence():
+def test_a_conv_model_gets_the_schedule_by_default_and_the_ema_only_when_named():
     plan = _plan(DemoClassifier(width=4), _image_loader())
-    assert [c.name for c in plan.choices] == ["ema", "schedule"]
-    assert [type(cb) for cb in plan.callbacks] == [EMA, FastSchedule]
-    assert "its evidence for conv models: digits" in plan.choices[0].note and "[3, 4, 3, 3]" in plan.choices[0].note
-    assert "median quarter epochs to the target" in plan.choices[1].note
-    assert not any("not added" in n for n in plan.notes)
+    assert [c.name for c in plan.choices] == ["schedule"] and [type(cb) for cb in plan.callbacks] == [FastSchedule]
+    assert "its evidence for conv models: digits" in plan.choices[0].note
+    assert "median quarter epochs to the target" in plan.choices[0].note
+    (note,) = [n for n in plan.notes if "not added" in n]
+    assert note.startswith("ema not added: ema made a conv task slower to its target (segment_unet)")
+    named = _plan(DemoClassifier(width=4), _image_loader(), methods=["ema", "schedule"])
+    assert [type(cb) for cb in named.callbacks] == [EMA, FastSchedule]
+    ema_note = named.choices[0].note
+    assert "[3, 4, 3, 3]" in ema_note and "segment_unet (slower with it)" in ema_note
+    assert ema_note.count("added because `methods` names it") == 1
+    assert not any("not added" in n for n in named.notes)

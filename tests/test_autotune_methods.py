@@ -28,7 +28,7 @@ def _plan(**kw):
                     max_epochs=1, **{"cache": False, **kw})  # fmt: skip
 
 
-def test_ema_is_in_the_default_plan_with_its_measured_cost():
+def test_ema_named_in_methods_is_added_with_its_measured_cost():
     plan = _plan(methods=["ema"])
     (choice,) = plan.choices
     assert choice.name == "ema" and choice.chosen == 0.99 and choice.trials == 5

@@ -2,10 +2,11 @@
 
 A few timed steps cannot measure how many epochs a run needs, so these are not trials. A method enters autotune's
 default plan only for the model kinds (:func:`~lightning_speedups.autotune.kinds.model_kind`) where the end-to-end
-bench (``lightning-speedups bench --only recipes``) showed it reaching the target sooner
-(:data:`~lightning_speedups.autotune.kinds.EVIDENCE`): today image CNNs (``"conv"``) only, the kind of both bench
-tasks. For other kinds :func:`plan_methods` leaves it out of the default plan with one note; named in ``methods``, it
-is added, and its note says that no evidence covers this model. Its per-step cost *is* measured here, on a copy of
+bench showed it reaching the target sooner and slowing no task of that kind
+(:data:`~lightning_speedups.autotune.kinds.EVIDENCE`): today the schedule for image CNNs (``"conv"``), and the EMA for
+no kind (it helped the digits and shapes CNNs and slowed the U-Net segmentation task). Otherwise
+:func:`plan_methods` leaves it out of the default plan with one note; named in ``methods``, it is added, and its note
+quotes what the bench found for this kind. Its per-step cost *is* measured here, on a copy of
 the model, and reported.
 
 ``ema``: :class:`~lightning_speedups.callbacks.ema.EMA` (Lightning's ``EMAWeightAveraging``), decay 0.99 with the
@@ -34,7 +35,7 @@ from lightning.pytorch.callbacks import LearningRateFinder, StochasticWeightAver
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.autotune.kinds import evidence_text, proven_kinds
+from lightning_speedups.autotune.kinds import default_for, evidence_text, hurt_tasks, proven_kinds
 from lightning_speedups.autotune.optim import configured, optimizers_of, outside_fit_reason, returns_scheduler
 from lightning_speedups.autotune.trials import Choice
 from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA, SHARDED_STRATEGIES
@@ -82,7 +83,8 @@ def check_methods(methods: Sequence[str] | None) -> list[str]:
 
 def plan_methods(methods: Sequence[str] | None, kind: str) -> tuple[list[str], str | None]:
     """The methods to add for a ``kind`` model and the note on those left out: the names given, all of them (the user
-    asked); by default (``None``) only those with evidence for ``kind``, the rest left out with one note."""
+    asked); by default (``None``) only those the bench showed helping ``kind`` models and slowing none, the rest left
+    out with one note (per method, why: no evidence for this kind, or a task of this kind it made slower)."""
     names = check_methods(methods)
     if methods is not None:
         return names, None
@@ -90,12 +92,17 @@ def plan_methods(methods: Sequence[str] | None, kind: str) -> tuple[list[str], s
     left = [m for m in names if m not in kept]
     if not left:
         return kept, None
-    kinds = sorted({k for m in left for k in proven_kinds(m)})
+    hurt = {m: hurt_tasks(m, kind) for m in left}
+    unseen = [m for m in left if not hurt[m]]
+    parts = [f"{m} made a {kind} task slower to its target ({', '.join(hurt[m])}), so no {kind} model gets it by "
+             "default (do no harm)" for m in left if hurt[m]]  # fmt: skip
+    if unseen:
+        where = ", ".join(f"{m} is in the default plan of {default_for(m)}" for m in unseen)
+        parts.insert(0, f"no evidence for this model kind ({kind}): {where}")
     them = "them" if len(left) > 1 else "it"
     note = (
-        f"{', '.join(left)} not added: no evidence for this model kind ({kind}); the bench showed {them} reaching "
-        f"the target sooner for {', '.join(kinds) or 'no'} models only, and a few trial steps cannot time a gain "
-        f"in epochs. HINT: pass `methods={left!r}` to add {them} anyway."
+        f"{', '.join(left)} not added: {'; '.join(parts)}; a few trial steps cannot time a gain in epochs. "
+        f"HINT: pass `methods={names!r}` to add {them} anyway."
     )
     return kept, note
 
@@ -219,7 +226,7 @@ def schedule_choice(
     note = (
         f"a schedule for time to target (FastSchedule: warm-up of a quarter epoch, at most 5% of the run, to "
         f"{SCHEDULE_PEAK:g}x the optimizer's lr, then linear decay to the end of the planned run): not timed for "
-        f"accuracy here; {_why('schedule', kind)}. Pass `methods=['ema']` to keep your learning rate."
+        f"accuracy here; {_why('schedule', kind)}. Pass `methods=[]` to keep your learning rate."
     )
     return Choice("schedule", SCHEDULE_PEAK, [None, SCHEDULE_PEAK], 1.0, (1.0, 1.0), 0, note, changed=True), None
 

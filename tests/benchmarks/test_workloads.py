@@ -44,7 +44,8 @@ def test_workloads_suite_shape() -> None:
         assert name in names
     # a held-out task that made someone change a rule becomes dev, and a new held-out task replaces it
     assert {"gpt_stdlib", "seqcls_stdlib", "tabular_mlp"} <= set(list_workloads(split="dev"))
-    assert {"signal_cnn1d", "vit_shapes"} <= set(held_out)
+    assert {"signal_cnn1d", "vit_shapes", "denoise_dncnn"} <= set(held_out)
+    assert "segment_unet" in list_workloads(split="dev")  # the EMA left the conv default plan because of it
 
 
 @pytest.mark.parametrize("name", list_workloads())
@@ -92,6 +93,26 @@ def test_workload_segmentation_mask_follows_its_image() -> None:
         agree.append((shade[y > 0] == y[y > 0]).float().mean())  # on the objects' pixels
     # all but the edges the resize blends (0.92 on these samples); a mask cropped and flipped on its own: 0.44
     assert torch.stack(agree).mean() > 0.85
+
+
+def test_workload_denoising_draws_fresh_noise_per_sample_and_validates_on_one_fixed_draw() -> None:
+    from lightning_speedups.benchmarks.workloads.denoising import psnr
+
+    model, data = get_workload("denoise_dncnn").build(0, small=True)
+    data.setup("fit")
+    torch.manual_seed(0)
+    (noisy, clean), (noisy2, clean2) = data.train_set[0], data.train_set[0]
+    assert noisy.shape == clean.shape == (3, 32, 32) and 0.0 <= clean.min() and clean.max() <= 1.0
+    assert (noisy - clean).std().item() == pytest.approx(0.1, rel=0.15)  # sigma 0.1 of the [0, 1] range
+    assert not torch.equal(noisy - clean, noisy2 - clean2)  # a fresh draw on every read
+    _, again = get_workload("denoise_dncnn").build(0, small=True)
+    again.setup("fit")
+    for a, b in zip(data.val_set.tensors, again.val_set.tensors):
+        assert torch.equal(a, b)  # validation: one noisy copy, the same for every run of a seed
+    vx, vy = data.val_set.tensors
+    assert psnr(vy, vy).min() >= 99.0 and psnr(vx, vy).mean().item() == pytest.approx(20.2, abs=0.5)
+    with torch.no_grad():  # the network predicts the noise: the module returns the input minus it
+        assert torch.allclose(model(vx[:2]), vx[:2] - model.net(vx[:2]))
 
 
 def test_workload_unknown_name() -> None:
