@@ -137,7 +137,7 @@ register_workload(
         "0.06M parameters) removing Gaussian noise (sigma 0.1 of the [0, 1] range, a fresh draw per sample) from "
         "generated 32 px scenes (random crops of 40 px, flips; 4096 train / 512 val with one fixed noise draw), Adam "
         "1e-3 with no schedule, batch 32, MSE loss, PSNR as the metric (the noisy input: 20.2 dB). Target 27.3 dB "
-        "from two calibration seeds (reached at 61% and 55% of the run, plateau 28.0 and 28.2). Added held out when "
+        "from two calibration seeds (reached at 65% and 55% of the run, plateau 28.0 and 28.2). Added held out when "
         "the EMA left the conv default plan because of segment_unet, to judge that change.",
         build=_build_dncnn,
         max_epochs=5,
