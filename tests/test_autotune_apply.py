@@ -180,3 +180,57 @@ def test_the_schedule_peak_does_not_follow_a_batch_that_was_not_applied(monkeypa
     plan.apply(Plain("adam"))  # no data given, no `batch_size` attribute: the batch stays, and so must the peak
     assert any(n.startswith("batch x2 not applied") for n in plan.notes)
     assert schedule.base_batch_size is None and schedule.batch_size is None
+
+
+class _CountingData(L.LightningDataModule):
+    """Random images; counts its ``setup`` calls by stage (the expensive part of a user's DataModule)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def setup(self, stage: str) -> None:
+        self.calls.append(getattr(stage, "value", stage))
+        g = torch.Generator().manual_seed(len(self.calls))
+        self.data = torch.utils.data.TensorDataset(torch.randn(16, 3, 8, 8, generator=g), torch.randint(0, 10, (16,)))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=8)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=8)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_fit_reuses_the_setup_autotune_ran_once(cached, tmp_path):
+    import pickle
+
+    kw = {"candidates": [], "methods": [], "budget_s": 2.0, "cache_dir": str(tmp_path), "accelerator": "cpu"}
+    if cached:
+        autotune(Plain(), _CountingData(), max_steps=2, **kw)
+    model, data = Plain(), _CountingData()
+    plan = autotune(model, data, max_steps=2, **kw)
+    assert plan.from_cache is cached and data.calls == ["fit"]
+    plan.apply(model, data)
+    assert plan.notes[-1] == "_CountingData.setup('fit') already ran for autotune: the fit reuses it"
+    assert pickle.loads(pickle.dumps(data)).calls == ["fit"]  # still pickles (ddp_spawn sends it to the ranks)
+    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, callbacks=plan.callbacks)  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    assert data.calls == ["fit"] and trainer.global_step == 2 and "setup" not in vars(data)
+    trainer.fit(model, datamodule=data)  # every later call runs the DataModule's own setup
+    assert data.calls == ["fit", "fit"]
+    plan.apply(model, data)
+    data.setup("validate")  # another stage first: it runs, and the DataModule's own setup is back
+    assert data.calls == ["fit", "fit", "validate"] and "setup" not in vars(data)
+
+
+def test_a_datamodule_autotune_did_not_read_keeps_its_setup():
+    model, read, other = Plain(), _CountingData(), _CountingData()
+    plan = autotune(model, read, candidates=[], methods=[], cache=False, budget_s=2.0, accelerator="cpu", max_steps=2)
+    plan.apply(model, other)
+    assert "setup" not in vars(other) and not any("reuses" in n for n in plan.notes)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(model, datamodule=other)
+    assert other.calls == ["fit"]

@@ -154,15 +154,14 @@ def test_a_run_too_short_to_measure_says_so_once_with_the_budget_it_needs_and_ad
     assert "[6, 6, 7, 5]" not in plan.to_text() and "digits" not in plan.to_text()
 
 
-def test_a_too_short_run_of_a_conv_model_keeps_its_proven_methods(monkeypatch):
+def test_a_too_short_run_of_a_conv_model_keeps_the_methods_it_names(monkeypatch):
     machine = FakeMachine({})
     _patched(monkeypatch, machine)
     plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision"], cache=False, clock=machine.clock,
-                    accelerator="cpu", max_epochs=1)  # fmt: skip
+                    accelerator="cpu", max_epochs=1, methods=["schedule"])  # fmt: skip
     assert plan.notes[0].startswith("nothing measured: ")
     assert [c.name for c in plan.choices] == ["schedule"] and isinstance(plan.callbacks[0], FastSchedule)
-    assert any(n.startswith("ema not added: ema made a conv task slower to its target (segment_unet)")
-               for n in plan.notes)  # fmt: skip
+    assert not any("not added" in n for n in plan.notes)
 
 
 def test_the_budget_note_lists_each_candidates_need_when_they_differ():

@@ -1,4 +1,4 @@
-"""autotune's time-to-accuracy methods (the EMA, the schedule): added by default (the EMA with its measured per-step
+"""autotune's time-to-accuracy methods (the EMA, the schedule): added when named (the EMA with its measured per-step
 cost), left out on request or where the run cannot take them, rebuilt from the cache, and real fits with the plan.
 No timing asserted."""
 

@@ -61,10 +61,14 @@ class _Plain(L.LightningModule):
         return opt
 
 
-def test_schedule_is_in_the_default_plan_of_a_conv_model():
-    plan = _plan(methods=None, max_epochs=10)
-    assert [c.name for c in plan.choices] == ["schedule"]  # the EMA only when named (it slowed a conv task)
+def test_schedule_is_added_when_named_and_left_out_of_the_default_plan():
+    default = _plan(methods=None, max_epochs=10)  # it slowed a conv task (resnet18_cifar): do no harm
+    assert default.choices == [] and default.callbacks == [] and "schedule" not in default.settings
+    assert any("schedule made a conv task slower to its target (resnet18_cifar)" in n for n in default.notes)
+    plan = _plan(max_epochs=10)
+    assert [c.name for c in plan.choices] == ["schedule"]
     (choice,) = plan.choices
+    assert "resnet18_cifar (slower with it)" in choice.note and "added because `methods` names it" in choice.note
     assert choice.chosen == 3.0 and choice.gain == 1.0 and choice.trials == 0  # nothing timed: it costs nothing
     assert "quarter epoch" in choice.note and "`methods=[]` to keep your learning rate" in choice.note
     (schedule,) = plan.callbacks

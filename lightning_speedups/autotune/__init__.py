@@ -28,10 +28,10 @@ with what was left, what one comparison needs and the ``budget_s`` that would fi
 second run skips the trials.
 
 Beyond faster steps, the plan adds time-to-accuracy ``methods`` (the EMA of the weights and a schedule for time to
-target) for the model kinds where they reached the target sooner on the end-to-end bench
-(:mod:`lightning_speedups.autotune.kinds`). Another kind gets neither by default, with a note; ``methods=["ema"]``
-still adds one. A few steps cannot time their benefit, so their evidence is the bench's and only their per-step cost
-is measured here (``methods=[]`` leaves them out).
+target) by default only for the model kinds where they reached the target sooner on the end-to-end bench and slowed
+no task (:mod:`lightning_speedups.autotune.kinds`): today no kind, since each slowed one image CNN task. A plan
+without them says why in a note; ``methods=["ema"]`` still adds one. A few steps cannot time their benefit, so their
+evidence is the bench's and only their per-step cost is measured here (``methods=[]`` leaves them out).
 
 The modules: ``tune`` (the steps of :func:`autotune`), ``plan`` (:class:`TunePlan`), ``trials`` (the context, the
 registry and the timed step), ``budget``, the candidates (``candidates``, ``batching``, ``data``, ``compile``),

@@ -3,8 +3,8 @@
 A few timed steps cannot measure how many epochs a run needs, so these are not trials. A method enters autotune's
 default plan only for the model kinds (:func:`~lightning_speedups.autotune.kinds.model_kind`) where the end-to-end
 bench showed it reaching the target sooner and slowing no task of that kind
-(:data:`~lightning_speedups.autotune.kinds.EVIDENCE`): today the schedule for image CNNs (``"conv"``), and the EMA for
-no kind (it helped the digits and shapes CNNs and slowed the U-Net segmentation task). Otherwise
+(:data:`~lightning_speedups.autotune.kinds.EVIDENCE`): today neither for any kind. Both helped the digits and shapes
+CNNs (``"conv"``), but the EMA slowed the U-Net segmentation task and the schedule the resnet18 one. Otherwise
 :func:`plan_methods` leaves it out of the default plan with one note; named in ``methods``, it is added, and its note
 quotes what the bench found for this kind. Its per-step cost *is* measured here, on a copy of
 the model, and reported.

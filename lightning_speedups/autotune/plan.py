@@ -41,6 +41,10 @@ class TunePlan:
     trial_s: float = 0.0
     datamodule: Any = None  # a device-resident twin of the data, when the data trial kept one: fit with it
     train_dataloaders: Any = None
+    # the user's DataModule on which autotune ran ``setup("fit")`` to read its batches, and the seconds it took:
+    # after apply, the fit reuses it instead of running it again
+    set_up: Any = field(default=None, repr=False, compare=False)
+    setup_s: float = 0.0
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.callbacks, self.trainer_kwargs))
@@ -77,6 +81,10 @@ class TunePlan:
         schedule method's peak. When the batch cannot be set, nothing is scaled and a note says why. The fused /
         foreach kernel is set on a SpeedupMixin model's ``optimizer_config``; autotune does not try it for a plain
         module, whose own ``configure_optimizers`` builds the optimizer. Call it once, before the fit.
+
+        When ``datamodule`` is the DataModule autotune read (it ran its ``setup("fit")`` to get batches) and the fit
+        uses it, the fit's first ``setup("fit")`` is skipped, so the user's setup does not run twice: what it
+        built is already there. Any other stage, and every later call, runs the DataModule's own ``setup``.
         """
         scale = int(self.settings.get("batch_scale", 1))
         impl = self.settings.get("implementation")
@@ -93,7 +101,15 @@ class TunePlan:
             model.optimizer_config = dataclasses.replace(model.optimizer_config, implementation=impl)
         elif impl:
             self.notes.append(f"optimizer {impl!r} not applied: the model's own configure_optimizers owns it")
+        if self.reuses_setup(datamodule):
+            datamodule.setup = _SetUpOnce(datamodule)
+            self.notes.append(f"{type(datamodule).__name__}.setup('fit') already ran for autotune: the fit reuses it")
         return model
+
+    def reuses_setup(self, datamodule: Any) -> bool:
+        """Whether a fit with ``datamodule``, after :meth:`apply`, reuses the ``setup("fit")`` autotune ran on it
+        (:attr:`setup_s` seconds): it is the DataModule autotune read, and the plan keeps no device twin of it."""
+        return datamodule is not None and datamodule is self.set_up and self.datamodule is None
 
     def _rebatch(self, model: L.LightningModule, data: Any, scale: int) -> int | None:
         """Set the batch ``scale`` times larger where the run reads it; the old batch size, or ``None`` (noted)."""
@@ -126,6 +142,21 @@ class TunePlan:
                          f"{c.trials} rounds  {c.note}")  # fmt: skip
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+class _SetUpOnce:
+    """A DataModule's ``setup`` until its next call: autotune already ran ``setup("fit")``, so a ``"fit"`` call is
+    skipped; any other stage runs the DataModule's own. Either way the DataModule's own ``setup`` is back after it.
+    A plain object (not a closure), so the DataModule still pickles, as ``ddp_spawn`` needs."""
+
+    def __init__(self, datamodule: Any) -> None:
+        self.datamodule = datamodule
+
+    def __call__(self, stage: str | None = None) -> None:
+        if self.datamodule.__dict__.get("setup") is self:
+            del self.datamodule.setup
+        if stage != "fit":
+            self.datamodule.setup(stage)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,9 +73,9 @@ def autotune(
             :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching` callback.
         methods: time-to-accuracy methods to add (``["ema", "schedule"]``; ``[]`` for none). They need fewer steps
             rather than faster ones, so a trial cannot time their benefit. By default (``None``) a method is added
-            only for the model kinds where the bench showed it reaching the target sooner
-            (:mod:`lightning_speedups.autotune.kinds`: image CNNs, ``"conv"``); for a transformer,
-            recurrent or MLP model both are left out with one note. Named here, a method is added whatever the
+            only for the model kinds where the bench showed it reaching the target sooner and slowing no task
+            (:mod:`lightning_speedups.autotune.kinds`; today none: each slowed an image CNN task), so by default
+            both are left out with one note that says why. Named here, a method is added whatever the
             kind, and its note says which evidence applies to this model. Its per-step cost is measured and
             reported. ``"ema"`` adds :class:`~lightning_speedups.callbacks.ema.EMA` (decay 0.99 with warm-up):
             validation and checkpoints then use the averaged weights. It is left out, with a note, when
@@ -110,7 +110,7 @@ def autotune(
     names = _check_arguments(candidates, budget_s, margin)
     kind = model_kind(model)
     method_names, methods_note = plan_methods(methods, kind)
-    run = _read_run(model, datamodule_or_loaders, trainer_kwargs)
+    run = _read_run(model, datamodule_or_loaders, trainer_kwargs, clock)
     key = plan_key(model, run.shapes, {"candidates": names, "methods": method_names, "margin": margin,
                                        "no_bf16": no_bf16, "device": str(run.device), "kind": kind})  # fmt: skip
     store = PlanCache(cache_dir) if cache else None
@@ -121,6 +121,7 @@ def autotune(
         ctx.notes += [ONLY_WHEN_NAMED[n] for n in CANDIDATES if n in ONLY_WHEN_NAMED]
     cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape, budget_s)
     if cached is not None:  # a second run on this machine and model skips the trials
+        cached.set_up, cached.setup_s = run.datamodule, run.setup_s
         _record_in_fit(cached, store, key)
         return cached
     start = clock()
@@ -131,6 +132,7 @@ def autotune(
     plan = build_plan(dict(ctx.plan), choices, trainer_kwargs, model, run.shape, checked=True,
                       replacement=ctx.replacement)  # fmt: skip
     plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
+    plan.set_up, plan.setup_s = run.datamodule, run.setup_s
     _store(store, key, plan, choices, ctx.notes, budget, skipped)
     _record_in_fit(plan, store, key)
     rank_zero_info(plan.to_text())
@@ -149,18 +151,23 @@ class _Run:
     steps: int
     shapes: list[list[int]]
     shape: RunShape
+    setup_s: float  # seconds of the DataModule's setup("fit") run to read it (0.0 without a DataModule)
 
 
-def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any]) -> _Run:
+def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any], clock: Callable[[], float]) -> _Run:
     dm = data if isinstance(data, L.LightningDataModule) else None
     loaders = None if dm is not None else data
+    start = clock()
+    if dm is not None:
+        dm.setup("fit")
+    setup_s = clock() - start if dm is not None else 0.0
     loader = _train_loader(model, dm, loaders)
     batch = first_batch(loader)  # the global RNG is left as it was; the loader object is not changed
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
     steps = _planned_steps(loader, trainer_kwargs)
     shapes = [list(t.shape) for t in flat_tensors(batch)]
     return _Run(loader, dm, loaders is None and dm is None, batch, device, steps, shapes,
-                _run_shape(loader, steps, shapes))  # fmt: skip
+                _run_shape(loader, steps, shapes), setup_s)  # fmt: skip
 
 
 def _check_arguments(candidates: Sequence[str] | None, budget_s: float | None, margin: float) -> list[str]:
@@ -183,9 +190,7 @@ def _check_arguments(candidates: Sequence[str] | None, budget_s: float | None, m
 def _train_loader(model: L.LightningModule, datamodule: Any, train_dataloaders: Any) -> Any:
     if train_dataloaders is not None:
         return train_dataloaders
-    source = datamodule if datamodule is not None else model
-    if datamodule is not None and hasattr(datamodule, "setup"):
-        datamodule.setup("fit")
+    source = datamodule if datamodule is not None else model  # a DataModule: set up by the caller
     try:
         return source.train_dataloader()
     except Exception as err:

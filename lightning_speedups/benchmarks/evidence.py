@@ -120,6 +120,11 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
                            _workloads_rows),
     "workloads_segment.json": ("workloads", "A held-out U-Net segmentation task, added after the rules were set",
                                _workloads_rows),
+    "workloads_conv_rule.json": ("workloads", "The EMA out of the conv default plan: a new held-out denoiser, the "
+                                 "U-Net (dev since) and resnet18", _workloads_rows),
+    "workloads_schedule_rule.json": ("workloads", "The schedule out of the conv default plan: a new held-out box "
+                                     "regressor and the denoiser", _workloads_rows),
+    "workloads_setup_once.json": ("workloads", "The fit reuses the DataModule setup autotune ran", _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
                                        "at `precision=\"bf16-mixed\"`", _workloads_rows),

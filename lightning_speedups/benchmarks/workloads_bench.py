@@ -20,7 +20,9 @@ Methods:
   check that its first fix does not slow a task down. The advisor's own run is in the notes, not the time.
 
 What a method spends before the fit (the recipe's probe, autotune's trials or cache read, ``plan.apply``; wall
-seconds) is the row's ``trial_s`` and is added to its ``time_to_target_s``. ``quality`` is the metric at the end of
+seconds) is the row's ``trial_s`` and is added to its ``time_to_target_s``, less the DataModule ``setup("fit")``
+autotune ran when the fit reuses it (:meth:`TunePlan.reuses_setup`; no method's fit, the baseline's included, times
+its own setup). ``quality`` is the metric at the end of
 the planned run (not the best value, not the value at the target crossing), so a method that reaches the target
 sooner but ends worse shows it.
 
@@ -155,7 +157,8 @@ def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
         start = time.perf_counter()
         plan = autotune(model, data, cache_dir=str(cache_dir), no_bf16=no_bf16, **trainer_kwargs(w))
         plan.apply(model, data)
-        trial_s = time.perf_counter() - start
+        # the fit then skips the setup autotune ran, and the baseline's setup is not timed either
+        trial_s = time.perf_counter() - start - (plan.setup_s if plan.reuses_setup(data) else 0.0)
         if cached and not plan.from_cache:
             notes.append("the cache missed: trials ran again")
         fit_data = plan.datamodule or (_TrainLoaderSwap(data, plan.train_dataloaders) if plan.train_dataloaders

@@ -44,8 +44,9 @@ def test_workloads_suite_shape() -> None:
         assert name in names
     # a held-out task that made someone change a rule becomes dev, and a new held-out task replaces it
     assert {"gpt_stdlib", "seqcls_stdlib", "tabular_mlp"} <= set(list_workloads(split="dev"))
-    assert {"signal_cnn1d", "vit_shapes", "denoise_dncnn"} <= set(held_out)
-    assert "segment_unet" in list_workloads(split="dev")  # the EMA left the conv default plan because of it
+    assert {"signal_cnn1d", "vit_shapes", "denoise_dncnn", "box_cnn"} <= set(held_out)
+    # the EMA left the conv default plan because of the U-Net, the schedule because of resnet18
+    assert {"segment_unet", "resnet18_cifar"} <= set(list_workloads(split="dev"))
 
 
 @pytest.mark.parametrize("name", list_workloads())
@@ -113,6 +114,24 @@ def test_workload_denoising_draws_fresh_noise_per_sample_and_validates_on_one_fi
     assert psnr(vy, vy).min() >= 99.0 and psnr(vx, vy).mean().item() == pytest.approx(20.2, abs=0.5)
     with torch.no_grad():  # the network predicts the noise: the module returns the input minus it
         assert torch.allclose(model(vx[:2]), vx[:2] - model.net(vx[:2]))
+
+
+def test_workload_boxes_follow_the_crop_and_flip_and_score_by_iou() -> None:
+    from lightning_speedups.benchmarks.workloads.localization import box_iou_pairs, mask_boxes
+
+    masks = torch.zeros(2, 8, 8, dtype=torch.uint8)
+    masks[0, 2:5, 1:7], masks[1, 0, 0] = 1, 3
+    assert mask_boxes(masks).tolist() == [[1.0, 2.0, 7.0, 5.0], [0.0, 0.0, 1.0, 1.0]]  # x1, y1, x2, y2 pixel edges
+    a = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5]])
+    assert box_iou_pairs(a, torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, 0.0, 0.75, 0.5]])).tolist() == pytest.approx([1.0, 1 / 3])
+    _, data = get_workload("box_cnn").build(0, small=True)
+    data.setup("fit")
+    vx, vbox = data.val_set[0]
+    assert vx.shape == (3, 64, 64) and vbox.tolist() == (data.val_set.boxes[0] / 64).tolist()
+    torch.manual_seed(0)
+    boxes = torch.stack([data.train_set[0][1] for _ in range(20)])  # a fresh crop and flip on every read
+    assert boxes.min() >= 0.0 and boxes.max() <= 1.0 and (boxes[:, 2:] > boxes[:, :2]).all()
+    assert len({tuple(b.tolist()) for b in boxes}) > 10
 
 
 def test_workload_unknown_name() -> None:

@@ -17,6 +17,7 @@ Example::
 from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registration)
     denoising,
     images,
+    localization,
     segmentation,
     signals,
     tabular,

@@ -22,8 +22,9 @@ __all__ = [
     "trainer_kwargs",
 ]
 
-KINDS = ("image_cnn", "image_resnet", "image_transformer", "image_segmentation", "image_denoising", "transformer_lm",
-         "transformer_cls", "transformer_mlm", "recurrent", "tabular", "signal_cnn")  # fmt: skip
+KINDS = ("image_cnn", "image_resnet", "image_transformer", "image_segmentation", "image_denoising",
+         "image_localization", "transformer_lm", "transformer_cls", "transformer_mlm", "recurrent", "tabular",
+         "signal_cnn")  # fmt: skip
 SPLITS = ("dev", "held_out")
 MODES = ("max", "min")
 
