@@ -123,7 +123,8 @@ def test_workload_boxes_follow_the_crop_and_flip_and_score_by_iou() -> None:
     masks[0, 2:5, 1:7], masks[1, 0, 0] = 1, 3
     assert mask_boxes(masks).tolist() == [[1.0, 2.0, 7.0, 5.0], [0.0, 0.0, 1.0, 1.0]]  # x1, y1, x2, y2 pixel edges
     a = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5]])
-    assert box_iou_pairs(a, torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, 0.0, 0.75, 0.5]])).tolist() == pytest.approx([1.0, 1 / 3])
+    b = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, 0.0, 0.75, 0.5]])
+    assert box_iou_pairs(a, b).tolist() == pytest.approx([1.0, 1 / 3])
     _, data = get_workload("box_cnn").build(0, small=True)
     data.setup("fit")
     vx, vbox = data.val_set[0]
