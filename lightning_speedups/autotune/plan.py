@@ -108,7 +108,7 @@ class TunePlan:
 
     def reuses_setup(self, datamodule: Any) -> bool:
         """Whether a fit with ``datamodule``, after :meth:`apply`, reuses the ``setup("fit")`` autotune ran on it
-        (:attr:`setup_s` seconds): it is the DataModule autotune read, and the plan keeps no device twin of it."""
+        (``setup_s`` seconds): it is the DataModule autotune read, and the plan keeps no device twin of it."""
         return datamodule is not None and datamodule is self.set_up and self.datamodule is None
 
     def _rebatch(self, model: L.LightningModule, data: Any, scale: int) -> int | None:

@@ -21,7 +21,7 @@ Methods:
 
 What a method spends before the fit (the recipe's probe, autotune's trials or cache read, ``plan.apply``; wall
 seconds) is the row's ``trial_s`` and is added to its ``time_to_target_s``, less the DataModule ``setup("fit")``
-autotune ran when the fit reuses it (:meth:`TunePlan.reuses_setup`; no method's fit, the baseline's included, times
+autotune ran when the fit reuses it (``TunePlan.reuses_setup``; no method's fit, the baseline's included, times
 its own setup). ``quality`` is the metric at the end of
 the planned run (not the best value, not the value at the target crossing), so a method that reaches the target
 sooner but ends worse shows it.
