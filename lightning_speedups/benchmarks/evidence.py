@@ -125,6 +125,7 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads_schedule_rule.json": ("workloads", "The schedule out of the conv default plan: a new held-out box "
                                      "regressor and the denoiser", _workloads_rows),
     "workloads_setup_once.json": ("workloads", "The fit reuses the DataModule setup autotune ran", _workloads_rows),
+    "workloads_box_seeds.json": ("workloads", "box_cnn on three more seeds", _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
                                        "at `precision=\"bf16-mixed\"`", _workloads_rows),
