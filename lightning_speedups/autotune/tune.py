@@ -157,10 +157,11 @@ class _Run:
 def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any], clock: Callable[[], float]) -> _Run:
     dm = data if isinstance(data, L.LightningDataModule) else None
     loaders = None if dm is not None else data
-    start = clock()
+    setup_s = 0.0
     if dm is not None:
+        start = clock()
         dm.setup("fit")
-    setup_s = clock() - start if dm is not None else 0.0
+        setup_s = clock() - start
     loader = _train_loader(model, dm, loaders)
     batch = first_batch(loader)  # the global RNG is left as it was; the loader object is not changed
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
+from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2
 
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
@@ -25,15 +26,9 @@ __all__ = ["BoxDataModule", "BoxRegressor", "box_iou_pairs", "mask_boxes"]
 
 
 def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
-    """The ``(n, 4)`` float boxes (x1, y1, x2, y2, pixel edges) around the nonzero pixels of ``(n, H, W)`` masks."""
-    masks = masks.bool()
-    rows, cols = masks.any(dim=2), masks.any(dim=1)
-    idx_h, idx_w = torch.arange(masks.shape[1]), torch.arange(masks.shape[2])
-    y1 = torch.where(rows, idx_h, masks.shape[1]).amin(dim=1)
-    y2 = torch.where(rows, idx_h, -1).amax(dim=1) + 1
-    x1 = torch.where(cols, idx_w, masks.shape[2]).amin(dim=1)
-    x2 = torch.where(cols, idx_w, -1).amax(dim=1) + 1
-    return torch.stack([x1, y1, x2, y2], dim=1).float()
+    """The ``(n, 4)`` float boxes (x1, y1, x2, y2, pixel edges) around the nonzero pixels of ``(n, H, W)`` masks:
+    torchvision's ``masks_to_boxes`` (which gives the last pixel's index) with the far edges one pixel on."""
+    return masks_to_boxes(masks) + torch.tensor([0.0, 0.0, 1.0, 1.0])
 
 
 def box_iou_pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
