@@ -28,6 +28,7 @@ so an interrupted sweep resumes where it stopped; ``<out>`` (JSON) and the markd
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -266,7 +267,7 @@ def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_
 
     import torch
 
-    from tools.arch_sweep_models import find_row, register
+    from tools.arch_sweep_models import LRS, find_row, register
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(int(os.environ.get("LS_SWEEP_THREADS", "1")))
@@ -279,6 +280,8 @@ def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_
             _append(results, {**base, "tech": tech, "outcome": "skipped", "message": f"does not build: {err}"[:400]})
         return
     base["size"] = size
+    if row.name in LRS:  # its baseline diverges at the default learning rate: the row trains at the probed one
+        base["lr"] = LRS[row.name]
     for tech in techs:
         tmp = progress.with_suffix(".tmp")
         tmp.write_text(json.dumps({"tech": tech, "start": time.time()}))
@@ -330,6 +333,38 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _memory_cgroup(limit_mb: float) -> Path | None:
+    """A fresh child memory cgroup (v2, else v1) of this process's own, limited to ``limit_mb``, so that what the
+    library reads as the memory it may use (``MemoryMeter.capacity``) is the sweep's limit, as in a container; None
+    where cgroups cannot be written (not root, not Linux): the RSS poll alone enforces the limit there."""
+    from lightning_speedups.functional.batch_size.cgroup import own_cgroup_paths
+
+    own = own_cgroup_paths()
+    tries = [(Path("/sys/fs/cgroup", own.get("", "/").lstrip("/")), "memory.max"),
+             (Path("/sys/fs/cgroup/memory", own.get("memory", "/").lstrip("/")), "memory.limit_in_bytes")]  # fmt: skip
+    for parent, limit_file in tries:
+        group = parent / f"arch_sweep-{os.getpid()}"
+        try:
+            if not (parent / limit_file).exists() and not (parent / "cgroup.controllers").exists():
+                continue  # not a cgroup directory with a memory controller
+            group.mkdir(exist_ok=True)
+            if not (group / limit_file).exists():  # the kernel creates the file in a real memory cgroup
+                raise OSError(f"no {limit_file} in {group}")
+            (group / limit_file).write_text(str(int(limit_mb * 2**20)))
+            return group
+        except OSError:
+            if group.exists():
+                group.rmdir()
+    return None
+
+
+def _joiner(group: Path) -> Callable[[], None]:
+    def join() -> None:  # runs in the child before exec: all the worker's memory is charged to the group
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    return join
+
+
 def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace) -> None:
     """Run the row's pending cells in worker subprocesses; a cell past the time or memory limit is a ``fails``.
 
@@ -354,7 +389,10 @@ def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace)
         with log.open("a") as logf:
             logf.write(f"\n=== {row.name}: {' '.join(pending)}\n")
             logf.flush()
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+            group = _memory_cgroup(args.max_rss_mb) if args.max_rss_mb else None
+
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+                                    preexec_fn=None if group is None else _joiner(group))  # fmt: skip
             killed = None
             while proc.poll() is None:
                 time.sleep(1.0)
@@ -366,6 +404,9 @@ def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace)
                 if killed:
                     proc.kill()
                     proc.wait()
+            if group is not None:
+                with contextlib.suppress(OSError):  # a grandchild still in it: the group stays, empty and harmless
+                    group.rmdir()
         state = _read_progress(progress)
         progress.unlink(missing_ok=True)
         current = state["tech"] if state else pending[0]

@@ -13,6 +13,7 @@ speech / vision models, and plain recurrent and 1-D convolutional nets.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,8 +142,9 @@ class SweepModule(ZooModule):
         super().__init__(arch, lr)
         self.row = ROWS[arch]
         self.size = SIZES.get(arch, self.row.sizes[0])
-        # SGD at 0.01, not the zoo's 0.05: full-size builders at 32 px with batches of 8 diverge to NaN at 0.05
-        self.lr = lr if lr is not None else (1e-3 if self.row.adamw else 0.01)
+        # SGD at 0.01, not the zoo's 0.05: full-size builders at 32 px with batches of 8 diverge to NaN at 0.05; a
+        # row whose own (baseline) loss still blows up at 0.01 trains at the lower rate that register() probed
+        self.lr = lr if lr is not None else LRS.get(arch, default_lr(self.row))
 
     def forward(self, x: torch.Tensor) -> Any:  # a plain signature: FX-based techniques trace it
         return self.net(x)
@@ -205,6 +207,39 @@ class SweepKwargsModule(SweepModule):
 
 ROWS: dict[str, Row] = {}
 SIZES: dict[str, int] = {}  # probed input side of image rows
+LRS: dict[str, float] = {}  # probed learning rate of rows whose baseline diverges at the default one
+PROBE_STEPS, BLOWUP = 4, 3.0  # a baseline diverges when its loss turns non-finite or ends above BLOWUP x its first
+
+
+def default_lr(row: Row) -> float:
+    return 1e-3 if row.adamw else 0.01
+
+
+def _diverges(arch: str, lr: float) -> bool:
+    """Whether the row's baseline (its module, optimizer and data, no technique) diverges in its first steps at ``lr``.
+
+    Techniques are judged by whether they keep training finite; a recipe that blows up without any technique would
+    fail them for the row's sake (torchvision efficientnet_b5 at 32 px: loss 8.8 -> 47 in 4 SGD steps at 0.01)."""
+    module_cls = SweepKwargsModule if ROWS[arch].arg_names else SweepModule
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        module = module_cls(arch, lr=lr)
+        opt = module.configure_optimizers()
+        opt, scheds = (opt[0][0], opt[1]) if isinstance(opt, tuple | list) else (opt, [])
+        module.train()
+        losses: list[float] = []
+        while len(losses) < PROBE_STEPS:  # the trainer's epochs: the loader's batches, then the per-epoch schedulers
+            for batch in module.train_dataloader():
+                loss, _ = module._loss(batch, 0.0)
+                losses.append(float(loss.detach()))
+                if not math.isfinite(losses[-1]):
+                    return True
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            for sched in scheds:
+                sched.step()
+    return losses[-1] > BLOWUP * losses[0]
 
 
 def _short_run(net: nn.Module) -> nn.Module:
@@ -247,6 +282,14 @@ def register(row: Row) -> int:
         kind = "image" if row.task in ("image", "segment") else "tokens"
         module = SweepKwargsModule if row.arg_names else SweepModule
         ARCHS[row.name] = Arch(row.name, kind, lambda r=row, s=size: _short_run(r.build(s)), module, source=row.source)
+        LRS.pop(row.name, None)
+        lr = default_lr(row)
+        for _ in range(2):  # at most 100x lower
+            if not _diverges(row.name, lr):
+                break
+            lr /= 10
+        if lr != default_lr(row):
+            LRS[row.name] = lr
         return size
     raise RuntimeError(f"{row.name} runs at none of the sizes {list(row.sizes)}: {type(last).__name__}: {last}")
 
@@ -257,8 +300,16 @@ def row_params(row: Row) -> int | None:
         with torch.device("meta"):
             net = row.build(row.sizes[-1])
         return sum(p.numel() for p in net.parameters())
-    except Exception:  # noqa: BLE001
-        return None
+    except Exception:  # noqa: BLE001 - RegNet's builder reads tensor values (.item()), which meta tensors lack
+        pass
+    if row.family == "torchvision":  # the weights' metadata (offline; 1000 classes, close enough to order rows)
+        import torchvision.models as tvm
+
+        try:
+            return int(tvm.get_model_weights(row.name.removeprefix("tv_")).DEFAULT.meta["num_params"])
+        except Exception:  # noqa: BLE001 - a builder without registered weights
+            return None
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- Hugging Face

@@ -120,3 +120,39 @@ def test_smallest_first_orders_a_chunk_by_parameter_count(monkeypatch):
     assert [r.name for r in select_rows(Args)] == ["big", "unknown", "small", "mid"]
     Args.chunk = "2/2"
     assert [r.name for r in select_rows(Args)] == ["unknown", "mid"]
+
+
+def test_a_row_whose_baseline_diverges_trains_at_a_lower_probed_rate():
+    """The sweep judges techniques by whether training stays finite: a recipe that blows up with no technique (as
+    torchvision efficientnet_b5 at 32 px does at SGD 0.01) would fail them for the row's sake, so ``register`` probes
+    the baseline's first steps and lowers the row's rate 10x (at most twice) until they stay finite."""
+    from torch import nn
+
+    from tools.arch_sweep_models import LRS, ROWS, SIZES, Row, SweepModule
+
+    def hot(size: int) -> nn.Module:  # a deep unnormalized MLP at 4x its init scale: loss 42 -> 2194 at SGD 0.01
+        widths = [3 * size * size] + [64] * 7
+        layers: list[nn.Module] = [nn.Flatten()]
+        for cin, cout in zip(widths, widths[1:], strict=False):
+            layers += [nn.Linear(cin, cout), nn.ReLU()]
+        net = nn.Sequential(*layers, nn.Linear(64, 4))
+        with torch.no_grad():
+            for layer in net:
+                if isinstance(layer, nn.Linear):
+                    layer.weight.mul_(4)
+        return net
+
+    def calm(size: int) -> nn.Module:
+        return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 4))
+
+    names = ("probe_hot", "probe_calm")
+    try:
+        for name, build in zip(names, (hot, calm), strict=True):
+            register(Row(name, "torchvision", "image", build, "a probe test row"))
+        assert LRS.get("probe_hot", 0.01) < 0.01
+        assert SweepModule("probe_hot").lr == LRS["probe_hot"]
+        assert "probe_calm" not in LRS and SweepModule("probe_calm").lr == 0.01
+    finally:
+        for name in names:
+            for table in (LRS, ROWS, SIZES, ARCHS):
+                table.pop(name, None)

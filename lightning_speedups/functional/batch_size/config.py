@@ -41,8 +41,9 @@ class BatchSizeSearchConfig:
             so confirming it would cost the two largest sizes for nothing. A doubling that *loses* samples/s (noise
             from other processes, cache effects) is not explained by that model and counts toward ``patience``.
         refine_steps: bisection steps after the doubling phase (0 = none).
-        memory_budget: fraction of device memory (CUDA) or of memory available to the process (CPU) a size may
-            use at its peak; sizes predicted or measured above it are not chosen.
+        memory_budget: fraction of device memory (CUDA) or of memory available to the process (CPU: the
+            machine's available memory, or what a cgroup's memory limit leaves, if less) a size may use at its
+            peak; sizes predicted or measured above it are not chosen.
         max_trials: hard cap on the number of sizes measured.
         confirm_rounds: when timings are noisy (trials with step times), a stop of the ladder needs this many
             fresh, interleaved rounds of both sizes whose median-ratio interval lies below ``1 + min_gain``

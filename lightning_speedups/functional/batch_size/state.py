@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._compat import collect_rng_states, metric_state, restore_metric_state, restore_rng_states
+from lightning_speedups.functional.batch_size.cgroup import cgroup_memory_room
 
 __all__ = ["MemoryMeter", "snapshot_training_state"]
 
@@ -64,12 +65,15 @@ class MemoryMeter:
         return int(psutil.Process(os.getpid()).memory_info().rss)
 
     def capacity(self) -> int:
-        """Bytes this process may use: total device memory, or on CPU what it holds plus its share of the rest."""
+        """Bytes this process may use: total device memory, or on CPU what it holds plus its share of the rest (the
+        machine's available memory, or less where a cgroup's memory limit leaves less: containers, pods, Slurm)."""
         if self.device.type == "cuda":
             return int(torch.cuda.mem_get_info(self.device)[1])
         import psutil
 
-        return self.current() + int(psutil.virtual_memory().available) // self.local_world_size
+        free = int(psutil.virtual_memory().available)
+        room = cgroup_memory_room()
+        return self.current() + (free if room is None else min(free, room)) // self.local_world_size
 
     def start(self) -> None:
         if self.device.type == "cuda":

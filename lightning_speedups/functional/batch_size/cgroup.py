@@ -1,0 +1,92 @@
+"""The memory a Linux control group leaves this process: the limit a container, a Kubernetes pod or a Slurm job sets.
+
+``psutil.virtual_memory()`` reports the host's memory, not the cgroup's: in ``docker run --memory 8g`` on a 64 GiB
+host it says tens of GiB are free, and a batch size chosen on that is killed by the kernel's OOM killer. This module
+reads the tightest ``memory.max`` (cgroup v2) or ``memory.limit_in_bytes`` (v1) on the path from this process's
+cgroup up to the root, and what that cgroup already uses (less the inactive file cache the kernel reclaims first).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["cgroup_memory_room", "own_cgroup_paths"]
+
+_UNLIMITED = 1 << 60  # v1 writes "no limit" as a page-rounded 2**63 - 1
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value < _UNLIMITED else None
+
+
+def _inactive_file(stat: Path, key: str) -> int:
+    try:
+        for line in stat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def own_cgroup_paths(proc_cgroup: str | Path = "/proc/self/cgroup") -> dict[str, str]:
+    """{controller: path} from ``/proc/self/cgroup``; the v2 (unified) path is under the key ``""``."""
+    paths: dict[str, str] = {}
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return paths
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(","):
+            paths[controller] = parts[2]
+    return paths
+
+
+def _room_on_path(mount: Path, own: str, limit_name: str, usage_name: str, inactive_key: str) -> int | None:
+    """Least ``limit - usage`` over the cgroups from ``own`` up to ``mount``'s root (None: no limit on the path)."""
+    rel = Path(own.lstrip("/"))
+    rooms = []
+    for part in [rel, *rel.parents]:
+        d = mount / part
+        limit = _read_int(d / limit_name)
+        if limit is None:
+            continue
+        usage = _read_int(d / usage_name) or 0
+        usage -= min(usage, _inactive_file(d / "memory.stat", inactive_key))
+        rooms.append(max(0, limit - usage))
+    return min(rooms) if rooms else None
+
+
+def cgroup_memory_room(
+    root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"
+) -> int | None:
+    """Bytes this process's cgroup can still grow by before its memory limit, or ``None`` where no limit applies
+    (no cgroup, not Linux, unreadable files, or every cgroup on the path unlimited)."""
+    root, paths = Path(root), own_cgroup_paths(proc_cgroup)
+    rooms = []
+    if "" in paths:  # v2: the unified hierarchy at the root (pure v2) or at <root>/unified (hybrid)
+        for mount in (root, root / "unified"):
+            if (mount / "cgroup.controllers").exists():
+                room = _room_on_path(mount, paths[""], "memory.max", "memory.current", "inactive_file")
+                if room is not None:
+                    rooms.append(room)
+    if "memory" in paths:  # v1
+        room = _room_on_path(root / "memory", paths["memory"], "memory.limit_in_bytes", "memory.usage_in_bytes",
+                             "total_inactive_file")  # fmt: skip
+        if room is not None:
+            rooms.append(room)
+    return min(rooms) if rooms else None
