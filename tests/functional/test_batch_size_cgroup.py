@@ -13,7 +13,7 @@ import torch
 
 from lightning_speedups.functional.batch_size import MemoryMeter
 from lightning_speedups.functional.batch_size import state as state_module
-from lightning_speedups.functional.batch_size.cgroup import cgroup_memory_room, own_cgroup_paths
+from lightning_speedups.functional.batch_size.cgroup import cgroup_memory, cgroup_memory_room, own_cgroup_paths
 
 GIB = 2**30
 
@@ -75,3 +75,23 @@ def test_cpu_capacity_is_capped_by_the_cgroup(monkeypatch: pytest.MonkeyPatch) -
     assert held <= meter.capacity() <= held + 256 * 2**20 + 64 * 2**20  # RSS moves a little between the two reads
     two = MemoryMeter(torch.device("cpu"), local_world_size=2)
     assert two.capacity() <= two.current() + 128 * 2**20 + 64 * 2**20  # each local rank gets its share
+
+
+def test_limit_and_room_together(tmp_path: Path) -> None:
+    root = tmp_path / "fs"
+    _write(root, cgroup_controllers="memory")
+    _write(root / "pod", memory_max=str(16 * GIB), memory_current=str(2 * GIB))
+    _write(root / "pod" / "ctr", memory_max=str(8 * GIB), memory_current=str(GIB))
+    assert cgroup_memory(root, _proc(tmp_path, "0::/pod/ctr\n")) == (8 * GIB, 7 * GIB)
+    assert cgroup_memory(root, _proc(tmp_path, "0::/pod\n")) == (16 * GIB, 14 * GIB)
+
+
+def test_the_advisors_cpu_headroom_is_the_containers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_speedups.callbacks.advisor import facts
+    from lightning_speedups.functional.advisor import Measurements
+
+    monkeypatch.setattr(facts, "cgroup_memory", lambda: (4 * GIB, GIB))
+    m = Measurements()
+    facts.fill_device_facts(m, torch.device("cpu"), cuda=False, rss_peak=0, notes=[])
+    assert m.memory_total_bytes == min(psutil.virtual_memory().total, 4 * GIB)
+    assert m.memory_available_bytes <= GIB and m.memory_headroom is not None and m.memory_headroom <= 0.25 + 1e-9

@@ -23,6 +23,7 @@ from lightning_speedups.callbacks.compile import TorchCompile
 from lightning_speedups.functional import advisor as F
 from lightning_speedups.functional.advisor import Finding, Measurements, OptimizerMeasurement, probes
 from lightning_speedups.functional.advisor.rules import compile_may_pay_back
+from lightning_speedups.functional.batch_size.cgroup import cgroup_memory
 from lightning_speedups.measure import cpu_model, training_step_loss
 
 __all__ = [
@@ -127,7 +128,11 @@ def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_pea
         vm = psutil.virtual_memory()
         m.memory_total_bytes, m.memory_available_bytes = int(vm.total), int(vm.available)
     except Exception:  # noqa: BLE001
-        pass
+        return
+    group = cgroup_memory()  # a container's, a pod's or a Slurm job's memory limit, where tighter than the host's
+    if group is not None:
+        m.memory_total_bytes = min(m.memory_total_bytes, group[0])
+        m.memory_available_bytes = min(m.memory_available_bytes, group[1])
 
 
 def fill_loader_facts(m: Measurements, loader: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["cgroup_memory_room", "own_cgroup_paths"]
+__all__ = ["cgroup_memory", "cgroup_memory_room", "own_cgroup_paths"]
 
 _UNLIMITED = 1 << 60  # v1 writes "no limit" as a page-rounded 2**63 - 1
 
@@ -56,10 +56,12 @@ def own_cgroup_paths(proc_cgroup: str | Path = "/proc/self/cgroup") -> dict[str,
     return paths
 
 
-def _room_on_path(mount: Path, own: str, limit_name: str, usage_name: str, inactive_key: str) -> int | None:
-    """Least ``limit - usage`` over the cgroups from ``own`` up to ``mount``'s root (None: no limit on the path)."""
+def _limits_on_path(
+    mount: Path, own: str, limit_name: str, usage_name: str, inactive_key: str
+) -> list[tuple[int, int]]:
+    """(limit, limit - usage) of each limited cgroup from ``own`` up to ``mount``'s root."""
     rel = Path(own.lstrip("/"))
-    rooms = []
+    found = []
     for part in [rel, *rel.parents]:
         d = mount / part
         limit = _read_int(d / limit_name)
@@ -67,26 +69,34 @@ def _room_on_path(mount: Path, own: str, limit_name: str, usage_name: str, inact
             continue
         usage = _read_int(d / usage_name) or 0
         usage -= min(usage, _inactive_file(d / "memory.stat", inactive_key))
-        rooms.append(max(0, limit - usage))
-    return min(rooms) if rooms else None
+        found.append((limit, max(0, limit - usage)))
+    return found
+
+
+def cgroup_memory(
+    root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"
+) -> tuple[int, int] | None:
+    """(limit, room) in bytes: the tightest memory limit on this process's cgroup path, and the least that any
+    cgroup on the path can still grow by; ``None`` where no limit applies (no cgroup, not Linux, unreadable files,
+    or every cgroup on the path unlimited)."""
+    root, paths = Path(root), own_cgroup_paths(proc_cgroup)
+    found: list[tuple[int, int]] = []
+    if "" in paths:  # v2: the unified hierarchy at the root (pure v2) or at <root>/unified (hybrid)
+        for mount in (root, root / "unified"):
+            if (mount / "cgroup.controllers").exists():
+                found += _limits_on_path(mount, paths[""], "memory.max", "memory.current", "inactive_file")
+    if "memory" in paths:  # v1
+        found += _limits_on_path(root / "memory", paths["memory"], "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                 "total_inactive_file")  # fmt: skip
+    if not found:
+        return None
+    return min(limit for limit, _ in found), min(room for _, room in found)
 
 
 def cgroup_memory_room(
     root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"
 ) -> int | None:
     """Bytes this process's cgroup can still grow by before its memory limit, or ``None`` where no limit applies
-    (no cgroup, not Linux, unreadable files, or every cgroup on the path unlimited)."""
-    root, paths = Path(root), own_cgroup_paths(proc_cgroup)
-    rooms = []
-    if "" in paths:  # v2: the unified hierarchy at the root (pure v2) or at <root>/unified (hybrid)
-        for mount in (root, root / "unified"):
-            if (mount / "cgroup.controllers").exists():
-                room = _room_on_path(mount, paths[""], "memory.max", "memory.current", "inactive_file")
-                if room is not None:
-                    rooms.append(room)
-    if "memory" in paths:  # v1
-        room = _room_on_path(root / "memory", paths["memory"], "memory.limit_in_bytes", "memory.usage_in_bytes",
-                             "total_inactive_file")  # fmt: skip
-        if room is not None:
-            rooms.append(room)
-    return min(rooms) if rooms else None
+    (see :func:`cgroup_memory`)."""
+    found = cgroup_memory(root, proc_cgroup)
+    return None if found is None else found[1]
