@@ -154,6 +154,7 @@ def render_md(cells: dict[tuple[str, str], dict[str, Any]], note: str) -> str:
     lines += ["", "## Models", "",
               "Rows train with SGD at 0.01 (CNNs) or AdamW at 1e-3 (transformers, recurrent nets). A row whose "
               "baseline, with no technique, diverges in its first 4 steps (a non-finite loss, or 3x its first) "
-              "trains at the 10x lower rate that keeps it finite, shown after its source.", ""]  # fmt: skip
+              "trains at the first 10x or 100x lower rate at which it does not (shown after its source).",
+              ""]  # fmt: skip
     lines += [f"- `{r}`: {s}" + (f" (lr {lrs[r]:g})" if r in lrs else "") for r, s in sorted(sources.items())]
     return "\n".join(lines) + "\n"
