@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.zoo.cells import as_tensor
 from tests.zoo.models import ARCHS, TOKENS, VOCAB, Arch, ZooModule, _DictDataset, _generator, token_data
 
 __all__ = [
@@ -208,7 +209,9 @@ class SweepKwargsModule(SweepModule):
 ROWS: dict[str, Row] = {}
 SIZES: dict[str, int] = {}  # probed input side of image rows
 LRS: dict[str, float] = {}  # probed learning rate of rows whose baseline diverges at the default one
-PROBE_STEPS, BLOWUP = 4, 3.0  # a baseline diverges when its loss turns non-finite or ends above BLOWUP x its first
+# a baseline diverges when its loss turns non-finite or ends above BLOWUP x its first, or when its eval-mode outputs
+# after the steps are not finite (efficientnet_b6 at 32 px: loss 11 -> 50 -> 26, then NaN outputs from its BN stats)
+PROBE_STEPS, BLOWUP = 4, 3.0
 
 
 def default_lr(row: Row) -> float:
@@ -219,7 +222,8 @@ def _diverges(arch: str, lr: float) -> bool:
     """Whether the row's baseline (its module, optimizer and data, no technique) diverges in its first steps at ``lr``.
 
     Techniques are judged by whether they keep training finite; a recipe that blows up without any technique would
-    fail them for the row's sake (torchvision efficientnet_b5 at 32 px: loss 8.8 -> 47 in 4 SGD steps at 0.01)."""
+    fail them for the row's sake (torchvision efficientnet_b5 at 32 px: loss 8.8 -> 47 in 4 SGD steps at 0.01). The
+    check is the sweep's own: the loss, and the trained model's eval-mode outputs on its fixed inputs."""
     module_cls = SweepKwargsModule if ROWS[arch].arg_names else SweepModule
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -239,7 +243,10 @@ def _diverges(arch: str, lr: float) -> bool:
                 opt.step()
             for sched in scheds:
                 sched.step()
-    return losses[-1] > BLOWUP * losses[0]
+        module.eval()  # what the sweep's check reads: the trained model's outputs in eval mode (BatchNorm's stats)
+        with torch.no_grad():
+            outputs = as_tensor(module(*module.fixed_inputs()))
+    return losses[-1] > BLOWUP * losses[0] or not bool(outputs.isfinite().all())
 
 
 def _short_run(net: nn.Module) -> nn.Module:
