@@ -60,10 +60,11 @@ def _plan_note(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
     n_techs = len([t for t in TECHNIQUES.values() if not t.combo])
     ran = sum(1 for r in cells.values() if r["outcome"] != "skipped")
     plan = n_rows * n_techs
-    return (
-        f"**{len(cells)} of {plan} planned cells recorded** ({n_rows} rows x {n_techs} techniques; {ran} ran, "
-        f"{len(cells) - ran} skipped); the sweep is partial until this reads {plan}."
-    )
+    head = (f"**{len(cells)} of {plan} planned cells recorded** ({n_rows} rows x {n_techs} techniques; {ran} ran, "
+            f"{len(cells) - ran} skipped)")  # fmt: skip
+    if len(cells) < plan:
+        return f"{head}; the sweep is partial until this reads {plan}."
+    return f"{head}: every planned cell has a result (skipped ones say why, below)."
 
 
 def write_outputs(results: Path, out: Path, md: Path | None) -> None:
