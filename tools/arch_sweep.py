@@ -337,16 +337,11 @@ def _memory_cgroup(limit_mb: float) -> Path | None:
     """A fresh child memory cgroup (v2, else v1) of this process's own, limited to ``limit_mb``, so that what the
     library reads as the memory it may use (``MemoryMeter.capacity``) is the sweep's limit, as in a container; None
     where cgroups cannot be written (not root, not Linux): the RSS poll alone enforces the limit there."""
-    from lightning_speedups.functional.batch_size.cgroup import own_cgroup_paths
+    from lightning_speedups.functional.batch_size.cgroup import own_memory_cgroups
 
-    own = own_cgroup_paths()
-    tries = [(Path("/sys/fs/cgroup", own.get("", "/").lstrip("/")), "memory.max"),
-             (Path("/sys/fs/cgroup/memory", own.get("memory", "/").lstrip("/")), "memory.limit_in_bytes")]  # fmt: skip
-    for parent, limit_file in tries:
+    for parent, limit_file in own_memory_cgroups():
         group = parent / f"arch_sweep-{os.getpid()}"
         try:
-            if not (parent / limit_file).exists() and not (parent / "cgroup.controllers").exists():
-                continue  # not a cgroup directory with a memory controller
             group.mkdir(exist_ok=True)
             if not (group / limit_file).exists():  # the kernel creates the file in a real memory cgroup
                 raise OSError(f"no {limit_file} in {group}")

@@ -224,10 +224,9 @@ def _diverges(arch: str, lr: float) -> bool:
     Techniques are judged by whether they keep training finite; a recipe that blows up without any technique would
     fail them for the row's sake (torchvision efficientnet_b5 at 32 px: loss 8.8 -> 47 in 4 SGD steps at 0.01). The
     check is the sweep's own: the loss, and the trained model's eval-mode outputs on its fixed inputs."""
-    module_cls = SweepKwargsModule if ROWS[arch].arg_names else SweepModule
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        module = module_cls(arch, lr=lr)
+        module = ARCHS[arch].module_cls(arch, lr=lr)  # the class register() chose for the row
         opt = module.configure_optimizers()
         opt, scheds = (opt[0][0], opt[1]) if isinstance(opt, tuple | list) else (opt, [])
         module.train()

@@ -151,11 +151,14 @@ def render_md(cells: dict[tuple[str, str], dict[str, Any]], note: str) -> str:
             if row not in seen:
                 seen.add(row)
                 lines.append(f"- {row}: {msg[:200]}")
+    from tools.arch_sweep_models import BLOWUP, PROBE_STEPS
+
     lrs = {row: rec["lr"] for (row, _), rec in cells.items() if rec.get("lr")}
     lines += ["", "## Models", "",
               "Rows train with SGD at 0.01 (CNNs) or AdamW at 1e-3 (transformers, recurrent nets). A row whose "
-              "baseline, with no technique, diverges in its first 4 steps (a non-finite loss, or 3x its first) "
-              "trains at the first 10x or 100x lower rate at which it does not (shown after its source).",
+              f"baseline, with no technique, diverges in its first {PROBE_STEPS} steps (a non-finite loss, a last "
+              f"loss above {BLOWUP:g}x its first, or non-finite eval-mode outputs after them) trains at the first "
+              "10x or 100x lower rate at which it does not (shown after its source).",
               ""]  # fmt: skip
     lines += [f"- `{r}`: {s}" + (f" (lr {lrs[r]:g})" if r in lrs else "") for r, s in sorted(sources.items())]
     return "\n".join(lines) + "\n"

@@ -13,7 +13,12 @@ import torch
 
 from lightning_speedups.functional.batch_size import MemoryMeter
 from lightning_speedups.functional.batch_size import state as state_module
-from lightning_speedups.functional.batch_size.cgroup import cgroup_memory, cgroup_memory_room, own_cgroup_paths
+from lightning_speedups.functional.batch_size.cgroup import (
+    cgroup_memory,
+    cgroup_memory_room,
+    own_cgroup_paths,
+    own_memory_cgroups,
+)
 
 GIB = 2**30
 
@@ -54,6 +59,8 @@ def test_v1_hybrid_and_unlimited(tmp_path: Path) -> None:
            memory_usage_in_bytes=str(2 * GIB), memory_stat="total_inactive_file 0")  # fmt: skip
     _write(root / "memory", memory_limit_in_bytes="9223372036854771712")  # v1's "no limit"
     assert cgroup_memory_room(root, proc) == 4 * GIB
+    # no unified hierarchy with controllers under root: the v1 directory only (where the sweep makes its child group)
+    assert own_memory_cgroups(root, proc) == [(root / "memory" / "docker" / "abc", "memory.limit_in_bytes")]
     (root / "memory" / "docker" / "abc" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert cgroup_memory_room(root, proc) is None
 

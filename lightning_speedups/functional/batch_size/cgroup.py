@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["cgroup_memory", "cgroup_memory_room", "own_cgroup_paths"]
+__all__ = ["cgroup_memory", "cgroup_memory_room", "own_cgroup_paths", "own_memory_cgroups"]
 
 _UNLIMITED = 1 << 60  # v1 writes "no limit" as a page-rounded 2**63 - 1
+# each hierarchy's files: the limit, the usage, and the inactive file cache's key in memory.stat
+_V2 = ("memory.max", "memory.current", "inactive_file")
+_V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
 
 
 def _read_int(path: Path) -> int | None:
@@ -73,21 +76,35 @@ def _limits_on_path(
     return found
 
 
+def _hierarchies(root: Path, paths: dict[str, str]) -> list[tuple[Path, str, tuple[str, str, str]]]:
+    """(mount, this process's path in it, file names) of each memory hierarchy it is in: v2 (the unified hierarchy at
+    the root, pure v2, or at <root>/unified, hybrid), then v1."""
+    found = []
+    if "" in paths:
+        mounts = (root, root / "unified")
+        found += [(mount, paths[""], _V2) for mount in mounts if (mount / "cgroup.controllers").exists()]
+    if "memory" in paths:
+        found.append((root / "memory", paths["memory"], _V1))
+    return found
+
+
+def own_memory_cgroups(
+    root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"
+) -> list[tuple[Path, str]]:
+    """(directory, limit file name) of this process's own cgroup in each memory hierarchy it is in, v2 first."""
+    return [(mount / own.lstrip("/"), names[0])
+            for mount, own, names in _hierarchies(Path(root), own_cgroup_paths(proc_cgroup))]  # fmt: skip
+
+
 def cgroup_memory(
     root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"
 ) -> tuple[int, int] | None:
     """(limit, room) in bytes: the tightest memory limit on this process's cgroup path, and the least that any
     cgroup on the path can still grow by; ``None`` where no limit applies (no cgroup, not Linux, unreadable files,
     or every cgroup on the path unlimited)."""
-    root, paths = Path(root), own_cgroup_paths(proc_cgroup)
     found: list[tuple[int, int]] = []
-    if "" in paths:  # v2: the unified hierarchy at the root (pure v2) or at <root>/unified (hybrid)
-        for mount in (root, root / "unified"):
-            if (mount / "cgroup.controllers").exists():
-                found += _limits_on_path(mount, paths[""], "memory.max", "memory.current", "inactive_file")
-    if "memory" in paths:  # v1
-        found += _limits_on_path(root / "memory", paths["memory"], "memory.limit_in_bytes", "memory.usage_in_bytes",
-                                 "total_inactive_file")  # fmt: skip
+    for mount, own, names in _hierarchies(Path(root), own_cgroup_paths(proc_cgroup)):
+        found += _limits_on_path(mount, own, *names)
     if not found:
         return None
     return min(limit for limit, _ in found), min(room for _, room in found)
