@@ -15,12 +15,22 @@ Rows, each timed interleaved (A B A B ...) with medians; ratio > 1 means the tec
    with compute capability >= 8.9;
 5. ``device data``: batches sliced and augmented on the GPU vs a DataLoader with per-sample transforms (4 workers),
    one batch fetched plus one bf16 step each;
-6. ``recipe`` and ``autotune``: ``fast_train`` and a cached ``autotune`` plan vs the plain baseline, time to 90% on
+6. ``sequence``: the sequence-batching bench (:mod:`lightning_speedups.benchmarks.sequences`) on the GPU at GPU
+   sizes (d=256 models, bf16 autocast, batches collated on the CPU and moved per step): non-pad tokens/s and time to
+   the baseline's accuracy of dynamic padding, length grouping and token budgets against pad-to-max, and packing
+   against per-document padding for a byte-level GPT;
+7. ``fsdp``: the zoo's cells (``tests/zoo/cells.py``: 2 epochs, a checkpoint per epoch, resume from epoch 1, reload
+   into a fresh model) of the techniques that touch parameters or data, under ``Trainer(strategy="fsdp")`` on one GPU:
+   ``works``, ``refused`` (with the reason, before any step) or ``fails``. With one GPU, FSDP runs ``NO_SHARD`` (it
+   wraps the model and flattens its parameters, but every rank holds all of them), so this checks the strategy's code
+   paths, not sharded shapes;
+8. ``recipe`` and ``autotune``: ``fast_train`` and a cached ``autotune`` plan vs the plain baseline, time to 90% on
    the shapes task (the end-to-end bench's ``time_to_accuracy``, alternating, 2 runs each).
 
-A row that cannot run on this machine records why, and the script goes on. ``--dry-run`` runs every row on the CPU
-at toy sizes in fp32 (no float8, no compile), so its numbers mean nothing; it only proves the script works before
-device time is spent on it.
+A row that cannot run on this machine records why, and the script goes on; the results are written after every
+section, and ``--budget-s`` skips the sections that would start after it. ``--dry-run`` runs every row on the CPU at
+toy sizes in fp32 (no float8, no compile; ``fsdp`` under ``ddp`` with one CPU process, as Lightning refuses FSDP on
+a CPU), so its numbers mean nothing; it only proves the script works before device time is spent on it.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from torch import nn
 from lightning_speedups.measure import interleaved_timings, median, model_copy
 
 Row = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
@@ -202,12 +213,87 @@ def recipe_rows(device: torch.device, dry: bool) -> list[Row]:
             for name, kind in (("recipe", "fast_train_cached"), ("autotune", "autotune_cached"))]
 
 
+def sequence_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
+    """The sequence-batching bench at GPU sizes: each strategy's tokens/s and time to accuracy vs pad-to-max."""
+    from lightning_speedups.benchmarks import sequences
+
+    size = sequences.SIZES["tiny"] if dry else sequences.BenchSize(
+        per_class=1000, val_per_class=100, batch_size=64, epochs=2, evals_per_epoch=4, d=256, heads=4, lr=1e-3,
+        window_steps=4, repeats=repeats, lm_docs=4000, lm_batch=32, lm_d=256, lm_window_steps=4, lm_repeats=repeats)
+    out = sequences.run(size=size, device=device, dtype=None if dry else torch.bfloat16)
+    rows = []
+    for r in out:
+        rows.append({"row": f"sequence: {r.variant}", "baseline": r.baseline, "candidate": r.candidate,
+                     "ratio": r.ratio, "unit": r.unit, "note": f"{r.metric}; {r.note}"})
+    return rows
+
+
+def fsdp_rows(device: torch.device, dry: bool) -> list[Row]:
+    """The zoo's cells under FSDP on one GPU (``ddp`` on one CPU process in the dry run)."""
+    import os
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.zoo import cells
+    from tools.arch_sweep import run_cell
+
+    cells.TRAINER_KWARGS = {"accelerator": device.type, "devices": 1, "strategy": "ddp" if dry else "fsdp"}
+    cudnn = torch.backends.cudnn
+    old = cudnn.deterministic, cudnn.benchmark, torch.are_deterministic_algorithms_enabled()
+    if not dry:  # a resumed run must match the uninterrupted one to the zoo's tolerance: no atomics-order noise
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _fsdp_cells(FSDP_DRY if dry else FSDP_CELLS, run_cell)
+    finally:  # the later sections time the usual, faster kernels
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old[0], old[1]
+        torch.use_deterministic_algorithms(old[2])
+        cells.TRAINER_KWARGS = {"accelerator": "cpu", "devices": 1}
+
+
+def _fsdp_cells(plan: tuple[tuple[str, tuple[str, ...]], ...], run_cell: Callable[[str, str], dict[str, Any]]
+                ) -> list[Row]:  # fmt: skip
+    rows = []
+    for arch, techs in plan:
+        for tech in techs:
+            start = time.perf_counter()
+            try:
+                rec = run_cell(arch, tech)
+            except Exception as err:  # a crash outside the cell's own checks
+                rec = {"outcome": "fails", "message": f"{type(err).__name__}: {err}"}
+            msg = " ".join(str(rec.get("message", "")).split())[:300]
+            where = f" [at {rec['where']}]" if rec.get("where") else ""
+            rows.append({"row": f"fsdp {arch} x {tech}", "outcome": rec["outcome"],
+                         "note": f"{rec['outcome']}" + (f": {rec.get('error', '')} {msg}{where}".rstrip() if msg
+                                                         else ""), "cell_s": round(time.perf_counter() - start, 1)})
+    return rows
+
+
+# the techniques that touch parameters or data (the rest only set flags or read), most telling first
+FSDP_CELLS = (
+    ("resnet18", ("pruning", "pruning_mask", "finetune_gradual", "ema", "qat", "channels_last", "batch_size_finder",
+                  "lr_finder", "progressive_resizing", "precision_trial", "float8", "fast_schedule")),
+    ("bert", ("sequence_batching", "token_throughput", "pruning_mask", "finetune")),
+)
+FSDP_DRY = (("resnet18", ("ema", "pruning_mask")),)
+
 SECTIONS: dict[str, Callable[..., list[Row]]] = {"steps": step_rows, "float8": float8_rows, "data": data_rows,
-                                                 "recipe": recipe_rows}
+                                                 "sequence": sequence_rows, "fsdp": fsdp_rows, "recipe": recipe_rows}
+NO_REPEATS = ("float8", "fsdp", "recipe")  # the sections that take no ``repeats``
 
 
 def _seconds(t: float) -> str:
     return f"{t:.2f} s" if t >= 1.0 else f"{t * 1e3:.2f} ms"
+
+
+def _value(r: Row, which: str) -> str:
+    if f"{which}_s" in r:
+        return _seconds(r[f"{which}_s"])
+    value, unit = r[which], r.get("unit", "")
+    if unit == "s":
+        return _seconds(value)
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
 
 
 def markdown(rows: list[Row], machine: str) -> str:
@@ -217,7 +303,7 @@ def markdown(rows: list[Row], machine: str) -> str:
             lines.append(f"| {r['row']} | - | - | - | {r['note']} |")
             continue
         verdict = "" if r["ratio"] > 1.0 else ", no speedup"
-        lines.append(f"| {r['row']} | {_seconds(r['baseline_s'])} | {_seconds(r['candidate_s'])} | "
+        lines.append(f"| {r['row']} | {_value(r, 'baseline')} | {_value(r, 'candidate')} | "
                      f"{r['ratio']:.2f}x{verdict} | {r['note']} |")
     return "\n".join(lines) + "\n"
 
@@ -227,6 +313,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     p.add_argument("--out", type=Path, default=Path("."), help="folder for gpu_check.json and gpu_check.md")
     p.add_argument("--dry-run", action="store_true", help="CPU, toy sizes, fp32: checks that the script runs")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {list(SECTIONS)}")
+    p.add_argument("--budget-s", type=float, default=0.0, help="skip the sections that would start after this many "
+                   "seconds (0: no limit)")
     a = p.parse_args(argv)
     names = a.only.split(",")
     unknown = [n for n in names if n not in SECTIONS]
@@ -238,24 +326,31 @@ def main(argv: list[str] | None = None) -> list[Row]:
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     device = torch.device("cpu" if a.dry_run else "cuda")
+    import lightning
+
     machine = ("cpu dry run (numbers mean nothing)" if a.dry_run else torch.cuda.get_device_name(0)) + (
-        f", torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+        f", torch {torch.__version__}, lightning {lightning.__version__}, {time.strftime('%Y-%m-%d')}")
     repeats = 2 if a.dry_run else 10
     rows: list[Row] = []
+    a.out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
     for name in names:
         start = time.perf_counter()
-        try:
-            fn = SECTIONS[name]
-            got = fn(device, a.dry_run) if name in ("float8", "recipe") else fn(device, a.dry_run, repeats)
-        except Exception as err:  # one row failing must not cost the others their device time
-            got = [{"row": name, "note": f"failed: {type(err).__name__}: {err}"}]
+        if a.budget_s and start - began > a.budget_s:
+            got = [{"row": name, "note": f"skipped: the {a.budget_s:.0f} s budget was spent"}]
+        else:
+            try:
+                fn = SECTIONS[name]
+                got = fn(device, a.dry_run) if name in NO_REPEATS else fn(device, a.dry_run, repeats)
+            except Exception as err:  # one row failing must not cost the others their device time
+                got = [{"row": name, "note": f"failed: {type(err).__name__}: {err}"}]
         for r in got:
             r["section_s"] = round(time.perf_counter() - start, 1)
         rows += got
-        print(markdown(got, machine).splitlines()[-1], flush=True)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "gpu_check.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
-    (a.out / "gpu_check.md").write_text(markdown(rows, machine))
+        print("\n".join(markdown(got, machine).splitlines()[4:]), flush=True)
+        # after every section: a command stopped at its time limit still leaves what it measured
+        (a.out / "gpu_check.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
+        (a.out / "gpu_check.md").write_text(markdown(rows, machine))
     print(markdown(rows, machine))
     return rows
 

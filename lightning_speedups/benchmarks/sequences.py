@@ -93,12 +93,28 @@ SIZES = {
 
 
 # ------------------------------------------------------------------------------------------ timing
+def _on(batch: Any, device: torch.device) -> Any:
+    """A collated batch (tensor, tuple or dict of tensors) on ``device``, as Lightning moves it."""
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _on(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_on(v, device) for v in batch)
+    return batch
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 class _Stream:
     """One strategy's training steps, epoch after epoch; each call trains ``steps`` batches and notes their tokens."""
 
     def __init__(self, dataset: Any, epochs: Callable[[int], Batches], collate: Any, step: Callable[[Any], None],
-                 steps: int) -> None:  # fmt: skip
+                 steps: int, device: torch.device) -> None:  # fmt: skip
         self.dataset, self.epochs, self.collate, self.step, self.steps = dataset, epochs, collate, step, steps
+        self.device = device
         self.tokens: list[int] = []
         self._epoch, self._queue = 0, list[list[int]]()
 
@@ -110,7 +126,7 @@ class _Stream:
                 self._epoch += 1
             batch = tasks.collated(self.dataset, self.collate, self._queue.pop(0))
             real += tasks.real_tokens(batch)
-            self.step(batch)
+            self.step(_on(batch, self.device))
         self.tokens.append(real)
 
 
@@ -136,13 +152,18 @@ def _verdict(value: float, target: float, higher: bool = True) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the classifier
-def _cls_step(model: tasks.SnippetClassifier, opt: torch.optim.Optimizer, batch_size: int) -> Callable[[Any], None]:
+def _cls_step(model: tasks.SnippetClassifier, opt: torch.optim.Optimizer, batch_size: int,
+              dtype: torch.dtype | None = None) -> Callable[[Any], None]:  # fmt: skip
+    device = next(model.parameters()).device
+
     def step(batch: Any) -> None:
         ids, labels, mask = batch
         # summed over the batch / the nominal batch size: every sample weighs 1 / batch_size, also in a token-budget
         # batch of 90 short samples or 5 long ones (the mean would weigh each short sample 18x less); the same as the
         # mean for fixed-size batches
-        loss = torch.nn.functional.cross_entropy(model(ids, mask), labels, reduction="sum") / batch_size
+        with _autocast(device, dtype):
+            logits = model(ids, mask)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum") / batch_size
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -150,19 +171,20 @@ def _cls_step(model: tasks.SnippetClassifier, opt: torch.optim.Optimizer, batch_
     return step
 
 
-def _new_classifier(task: tasks.SnippetTask, size: BenchSize, seed: int) -> tuple[Any, torch.optim.Optimizer]:
+def _new_classifier(task: tasks.SnippetTask, size: BenchSize, seed: int,
+                    device: torch.device) -> tuple[Any, torch.optim.Optimizer]:  # fmt: skip
     torch.manual_seed(seed)  # the same initial weights for every strategy
-    model = tasks.SnippetClassifier(len(task.classes), task.max_len, d=size.d, heads=size.heads)
+    model = tasks.SnippetClassifier(len(task.classes), task.max_len, d=size.d, heads=size.heads).to(device)
     return model, torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
 
 
 def accuracy(model: tasks.SnippetClassifier, val: tasks.Snippets, batch_size: int = 64) -> float:
-    """Validation accuracy, batched by length (the same batches for every strategy)."""
-    collate, right = pad_collate(), 0
+    """Validation accuracy, batched by length (the same batches for every strategy), on the model's device."""
+    collate, right, device = pad_collate(), 0, next(model.parameters()).device
     model.eval()
     with torch.no_grad():
         for batch in LengthGroupedSampler(val.lengths, batch_size, shuffle=False):
-            ids, labels, mask = tasks.collated(val, collate, batch)
+            ids, labels, mask = _on(tasks.collated(val, collate, batch), device)
             right += int((model(ids, mask).argmax(1) == labels).sum())
     model.train()
     return right / len(val)
@@ -172,10 +194,10 @@ class _TrainRun:
     """One strategy trained for ``size.epochs``; :meth:`advance` trains to the next validation point."""
 
     def __init__(self, task: tasks.SnippetTask, epochs: Callable[[int], Batches], collate: Any, size: BenchSize,
-                 seed: int) -> None:  # fmt: skip
-        self.task, self.collate = task, collate
-        self.model, opt = _new_classifier(task, size, seed)
-        self.step = _cls_step(self.model, opt, size.batch_size)
+                 seed: int, device: torch.device, dtype: torch.dtype | None) -> None:  # fmt: skip
+        self.task, self.collate, self.device = task, collate, device
+        self.model, opt = _new_classifier(task, size, seed, device)
+        self.step = _cls_step(self.model, opt, size.batch_size, dtype)
         self.plan = [b for e in range(size.epochs) for b in epochs(e)]
         self.every = math.ceil(len(task.train) / size.evals_per_epoch)
         self.pos = self.seen = 0
@@ -191,8 +213,10 @@ class _TrainRun:
         target = self.seen + self.every
         while self.pos < len(self.plan) and self.seen < target:
             batch = self.plan[self.pos]
-            self.step(tasks.collated(self.task.train, self.collate, batch))
+            self.step(_on(tasks.collated(self.task.train, self.collate, batch), self.device))
             self.pos, self.seen = self.pos + 1, self.seen + len(batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.seconds += time.perf_counter() - t0
         self.cpu += time.process_time() - c0
         self.curve.append((self.seconds, self.cpu, self.seen, accuracy(self.model, self.task.val)))
@@ -202,10 +226,13 @@ class _TrainRun:
         return next(((s, c) for s, c, _n, acc in self.curve if acc >= target - 1e-9), None)
 
 
-def train_to_accuracy(task: tasks.SnippetTask, size: BenchSize, seed: int = 0) -> dict[str, _TrainRun]:
+def train_to_accuracy(task: tasks.SnippetTask, size: BenchSize, seed: int = 0, device: torch.device | str = "cpu",
+                      dtype: torch.dtype | None = None) -> dict[str, _TrainRun]:  # fmt: skip
     """Train every strategy for ``size.epochs`` from the same weights, in turns (one validation interval each)."""
     strats = tasks.classifier_strategies(task.train.lengths, size.batch_size, size.max_len, seed)
-    runs = {name: _TrainRun(task, epochs, collate, size, seed) for name, (epochs, collate) in strats.items()}
+    dev = torch.device(device)
+    runs = {name: _TrainRun(task, epochs, collate, size, seed, dev, dtype)
+            for name, (epochs, collate) in strats.items()}  # fmt: skip
     while not all(r.done for r in runs.values()):
         for r in runs.values():
             if not r.done:
@@ -213,17 +240,19 @@ def train_to_accuracy(task: tasks.SnippetTask, size: BenchSize, seed: int = 0) -
     return runs
 
 
-def _classifier_rows(task: tasks.SnippetTask, size: BenchSize, seed: int) -> list[BenchRow]:
+def _classifier_rows(task: tasks.SnippetTask, size: BenchSize, seed: int, device: torch.device,
+                     dtype: torch.dtype | None) -> list[BenchRow]:  # fmt: skip
     lengths = task.train.lengths
     strats = tasks.classifier_strategies(lengths, size.batch_size, size.max_len, seed)
     pads = {name: pad_fraction(lengths, epochs(0), multiple_of=size.max_len if name == BASELINE else 8)
             for name, (epochs, _c) in strats.items()}  # fmt: skip
     streams = {}
     for name, (epochs, collate) in strats.items():
-        model, opt = _new_classifier(task, size, seed)
-        streams[name] = _Stream(task.train, epochs, collate, _cls_step(model, opt, size.batch_size), size.window_steps)
+        model, opt = _new_classifier(task, size, seed, device)
+        streams[name] = _Stream(task.train, epochs, collate, _cls_step(model, opt, size.batch_size, dtype),
+                                size.window_steps, device)  # fmt: skip
     rates = _throughput(streams, size.repeats)
-    runs = train_to_accuracy(task, size, seed)
+    runs = train_to_accuracy(task, size, seed, device, dtype)
     base_run = runs[BASELINE]
     target = base_run.curve[-1][3]
     base_at = base_run.reached(target)
@@ -263,16 +292,21 @@ def _classifier_rows(task: tasks.SnippetTask, size: BenchSize, seed: int) -> lis
 
 
 # ------------------------------------------------------------------------------------------ the language model
-def _lm_step(model: tasks.ByteGPT, opt: torch.optim.Optimizer, packed: bool) -> Callable[[Any], None]:
+def _lm_step(model: tasks.ByteGPT, opt: torch.optim.Optimizer, packed: bool,
+             dtype: torch.dtype | None = None) -> Callable[[Any], None]:  # fmt: skip
+    device = next(model.parameters()).device
+
     def step(batch: dict[str, Tensor]) -> None:
         ids = batch["input_ids"]
         if packed:  # positions restart at every document; the mask keeps documents apart
             pos, labels = batch["position_ids"], batch["labels"]
             mask: Tensor | None = packed_attention_mask(pos)
         else:  # right padding: plain causal attention, padding skipped by the loss
-            pos, mask = torch.arange(ids.shape[1]).expand_as(ids), None
+            pos, mask = torch.arange(ids.shape[1], device=device).expand_as(ids), None
             labels = ids.masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
-        loss = tasks.lm_loss(model(ids, pos, mask), labels)
+        with _autocast(device, dtype):
+            logits = model(ids, pos, mask)
+        loss = tasks.lm_loss(logits.float(), labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -280,16 +314,18 @@ def _lm_step(model: tasks.ByteGPT, opt: torch.optim.Optimizer, packed: bool) -> 
     return step
 
 
-def _lm_rows(size: BenchSize, seed: int) -> tuple[list[BenchRow], dict[str, float]]:
+def _lm_rows(size: BenchSize, seed: int, device: torch.device,
+             dtype: torch.dtype | None) -> tuple[list[BenchRow], dict[str, float]]:  # fmt: skip
     docs = tasks.lm_documents(size.lm_block, size.lm_docs, seed=seed)
     lengths = [len(d) for d in docs]
     strats = tasks.lm_strategies(lengths, size.lm_batch, size.lm_block, seed)
     streams, pads = {}, {}
     for name, (epochs, collate) in strats.items():
         torch.manual_seed(seed)
-        model = tasks.ByteGPT(size.lm_block, d=size.lm_d, heads=2)
+        model = tasks.ByteGPT(size.lm_block, d=size.lm_d, heads=2).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        streams[name] = _Stream(docs, epochs, collate, _lm_step(model, opt, name == "packing"), size.lm_window_steps)
+        streams[name] = _Stream(docs, epochs, collate, _lm_step(model, opt, name == "packing", dtype),
+                                size.lm_window_steps, device)  # fmt: skip
         pads[name] = (tasks.packed_pad_fraction(lengths, epochs(0), size.lm_block) if name == "packing"
                       else pad_fraction(lengths, epochs(0), multiple_of=8))  # fmt: skip
     rates = _throughput(streams, size.lm_repeats)
@@ -307,7 +343,8 @@ def _lm_rows(size: BenchSize, seed: int) -> tuple[list[BenchRow], dict[str, floa
 
 # ------------------------------------------------------------------------------------------ entry points
 def run(quick: bool = True, *, tiny: bool = False, seed: int = 0, echo: bool = False,
-        size: BenchSize | None = None) -> list[BenchRow]:  # fmt: skip
+        size: BenchSize | None = None, device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None) -> list[BenchRow]:  # fmt: skip
     """Measure the batching strategies on the stdlib-paragraph classifier and the packing of a tiny GPT.
 
     Args:
@@ -316,6 +353,9 @@ def run(quick: bool = True, *, tiny: bool = False, seed: int = 0, echo: bool = F
         seed: data split, initial weights and batch orders.
         echo: print the length statistics while running.
         size: explicit sizes (overrides ``quick`` and ``tiny``).
+        device: where the models train; batches are collated on the CPU (as a ``DataLoader`` does) and moved there
+            before each step, so the collation's time is counted in every strategy's tokens/s.
+        dtype: ``torch.bfloat16`` or ``torch.float16`` for autocast mixed precision; ``None``: fp32.
 
     Returns:
         :class:`BenchRow` s: non-pad tokens/s and time to the baseline's final accuracy of each strategy against
@@ -327,8 +367,9 @@ def run(quick: bool = True, *, tiny: bool = False, seed: int = 0, echo: bool = F
     stats = tasks.length_stats(task.train.lengths, size.max_len)
     if echo:
         print(f"classifier data: {len(task.train)} train / {len(task.val)} val paragraphs; {tasks.describe(stats)}")
-    rows = _classifier_rows(task, size, seed)
-    lm_rows, lm_stats = _lm_rows(size, seed)
+    dev = torch.device(device)
+    rows = _classifier_rows(task, size, seed, dev, dtype)
+    lm_rows, lm_stats = _lm_rows(size, seed, dev, dtype)
     if echo:
         print(f"LM documents: {size.lm_docs} pieces of <= {size.lm_block} tokens; {tasks.describe(lm_stats)}")
     for row in rows:

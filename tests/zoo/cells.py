@@ -82,11 +82,23 @@ class StepSeed(Callback):
         torch.manual_seed(10_000 + trainer.global_step)
 
 
+# where the cells train; the GPU check (benchmarks/gpu_check.py) sets CUDA and FSDP here
+TRAINER_KWARGS: dict[str, Any] = {"accelerator": "cpu", "devices": 1}
+
+
 def make_trainer(callbacks: list[Callback], ckpt_dir: Path) -> L.Trainer:
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}", save_top_k=-1, every_n_epochs=1)
-    return L.Trainer(accelerator="cpu", devices=1, max_epochs=MAX_EPOCHS, logger=False, enable_progress_bar=False,
+    return L.Trainer(**TRAINER_KWARGS, max_epochs=MAX_EPOCHS, logger=False, enable_progress_bar=False,
                      enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=ckpt_dir,
                      callbacks=[*callbacks, ckpt, StepSeed()])  # fmt: skip
+
+
+def _fit(trainer: L.Trainer, model: L.LightningModule, **kwargs: Any) -> None:
+    """``trainer.fit``, then the model on the CPU (where the checks compare it), wherever it trained."""
+    try:
+        trainer.fit(model, **kwargs)
+    finally:
+        model.cpu()
 
 
 def _snapshot(model: torch.nn.Module) -> dict[str, Any]:
@@ -94,7 +106,7 @@ def _snapshot(model: torch.nn.Module) -> dict[str, Any]:
     return {
         "modules": [(n, type(m).__name__) for n, m in model.named_modules()],
         "params": [(n, tuple(p.shape), p.stride(), p.requires_grad) for n, p in model.named_parameters()],
-        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         "forward_pre_hooks": len(model._forward_pre_hooks),
     }
 
@@ -168,7 +180,7 @@ def fit_cell(cell: Cell, root: Path, want: str | Refused | None = None) -> FitRe
     trainer = make_trainer(callbacks, root / "run")
     want = cell.expected if want is None else want
     try:
-        trainer.fit(model)
+        _fit(trainer, model)
     except SpeedupConfigError as err:
         rec = FitRecord("refused", _short(err), root=root)
         if not isinstance(want, Refused) and want != ANY_OUTCOME:
@@ -250,7 +262,7 @@ def resume_check(cell: Cell, rec: FitRecord) -> str | None:
     model = build(cell.arch, seed=1, scheduler=cell.technique.module_scheduler)
     trainer = make_trainer(cell.technique.callbacks(), rec.root / "resume")  # type: ignore[misc]
     try:
-        trainer.fit(model, ckpt_path=rec.ckpts[0])
+        _fit(trainer, model, ckpt_path=rec.ckpts[0])
     except Exception as err:  # noqa: BLE001
         return f"resume crashed: {_short(err)}"
     if trainer.global_step != rec.global_step:
