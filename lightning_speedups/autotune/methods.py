@@ -35,10 +35,11 @@ from lightning.pytorch.callbacks import LearningRateFinder, StochasticWeightAver
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._strategies import SHARDED_STRATEGIES
 from lightning_speedups.autotune.kinds import default_for, evidence_text, hurt_tasks, proven_kinds
 from lightning_speedups.autotune.optim import configured, optimizers_of, outside_fit_reason, returns_scheduler
 from lightning_speedups.autotune.trials import Choice
-from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA, SHARDED_STRATEGIES
+from lightning_speedups.callbacks.ema import AVERAGING_CALLBACKS, EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.functional.ema import create_ema_model
 from lightning_speedups.measure import model_copy

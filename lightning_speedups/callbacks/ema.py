@@ -8,19 +8,18 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EMAWeightAveraging, StochasticWeightAveraging, WeightAveraging
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_speedups._compat import averaged_model
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._strategies import SHARDED_STRATEGIES, refuse_sharded
 from lightning_speedups._structure import keep_metadata
 from lightning_speedups.functional.ema import EMAUpdate, check_decay, create_ema_model, follow_shapes_at_update
 
 __all__ = ["AVERAGING_CALLBACKS", "EMA", "SHARDED_STRATEGIES"]
 
-SHARDED_STRATEGIES = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)  # the average would be unsharded
 AVERAGING_CALLBACKS = (WeightAveraging, StochasticWeightAveraging)  # each rewrites the checkpoint's state_dict
 
 
@@ -101,12 +100,7 @@ class EMA(EMAWeightAveraging):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
-            if isinstance(trainer.strategy, SHARDED_STRATEGIES):
-                raise SpeedupConfigError(
-                    f"`strategy`={type(trainer.strategy).__name__} is not supported by EMA. Allowed values: single "
-                    "device, 'ddp', 'ddp_spawn' (unsharded strategies). HINT: the average would be a full unsharded "
-                    "copy of the model on every rank."
-                )
+            refuse_sharded(trainer, "EMA", "the average would be a full unsharded copy of the model on every rank.")
             others = [
                 type(cb).__name__ for cb in trainer.callbacks if cb is not self and isinstance(cb, AVERAGING_CALLBACKS)
             ]

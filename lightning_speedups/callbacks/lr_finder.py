@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._strategies import refuse_sharded
 from lightning_speedups.optim.lr_finder import (
     LRFinderResult,
     apply_lr,
@@ -83,6 +84,9 @@ class LRFinder(LearningRateFinder):
         has_lr = getattr(pl_module, "optimizer_config", None) is not None or any(
             lightning_hasattr(pl_module, a) for a in ("lr", "learning_rate")
         )
+        if stage == "fit":
+            refuse_sharded(trainer, "LRFinder", "the range test saves, trains and restores the whole model, which a "
+                           "sharded strategy splits over the ranks; run `suggest_lr` on one device and pass the rate.")
         if stage == "fit" and not has_lr:
             raise SpeedupConfigError(
                 f"LRFinder found no learning rate to set on {type(pl_module).__name__}. Allowed values: a module with "

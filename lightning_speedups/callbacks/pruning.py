@@ -23,6 +23,7 @@ from lightning_speedups._errors import SpeedupConfigError, check_choice, check_i
 from lightning_speedups._inputs import example_from_batch, first_batch
 from lightning_speedups._rebuild import rebuild_optimizers, rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._strategies import refuse_sharded
 from lightning_speedups._structure import apply_structure_records, store_structure_record
 from lightning_speedups.functional._mask_pruning import mask_tensors
 from lightning_speedups.functional._masks import (
@@ -194,6 +195,9 @@ class Pruning(L.Callback):
                                   lambda ckpt: self._restore_from(pl_module, ckpt))  # fmt: skip
         ignored = self._ignored(pl_module) if self.ignored_layers is not None else None
         if self.mode == "unstructured":
+            refuse_sharded(trainer, "Pruning(mode='unstructured')", "masks are parametrizations added after the "
+                           "strategy has flattened the weights, which its flat parameters cannot follow; prune with "
+                           "prune_unstructured() before fitting, or under 'ddp'.")
             ignored = self._ignored(pl_module)
             # unknown names, and weights a mask cannot stack on, raise here
             if not mask_tensors(pl_module, resolve_layers(pl_module, ignored)):

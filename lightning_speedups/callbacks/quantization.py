@@ -20,6 +20,7 @@ from typing_extensions import override
 from lightning_speedups._compat import before_model_weights_load
 from lightning_speedups._errors import SpeedupConfigError, check_callable, check_choice, check_int, require
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._strategies import refuse_sharded
 from lightning_speedups._structure import apply_structure_records, store_structure_record
 from lightning_speedups.functional.quantization import (
     FLOAT8_RECIPES,
@@ -101,6 +102,10 @@ class QuantizationAwareTraining(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require("torchao.quantization.qat", "quantization", "QuantizationAwareTraining")
+        if stage == "fit":
+            refuse_sharded(trainer, "QuantizationAwareTraining", "fake quantizers are swapped in after the strategy "
+                           "has flattened and sharded the weights (a rank can hold an empty shard); train with QAT "
+                           "on one device or under 'ddp'.")
         max_epochs = trainer.max_epochs
         if stage == "fit" and max_epochs is not None and max_epochs >= 0 and self.start_epoch >= max_epochs:
             raise SpeedupConfigError(

@@ -25,6 +25,7 @@ from lightning_speedups._compat import (
 )
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._strategies import refuse_sharded
 from lightning_speedups._tokens import TokenCounter
 from lightning_speedups.callbacks.batch_size.apply import apply_lr_choice, log_search
 from lightning_speedups.callbacks.batch_size.loaders import (
@@ -209,6 +210,8 @@ class ThroughputBatchSizeFinder(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        refuse_sharded(trainer, "ThroughputBatchSizeFinder", "its trials snapshot and restore the model's weights, "
+                       "which a sharded strategy splits over the ranks; find the size on one device and pass it.")
         self._fit_loader = None
         if not fit_source_is_module(trainer):
             instance = fit_source_instance(trainer)
