@@ -41,7 +41,8 @@ class Net(L.LightningModule):
         return nn.functional.cross_entropy(self(x), y)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)  # stateful: Lightning 2.6 cannot resume
+        # a stateless optimizer (plain SGD) under FSDP (FSDPStrategy.load_checkpoint indexes its empty state)
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
@@ -93,24 +94,37 @@ def test_fsdp_mask_pruning_refused_before_any_step(tmp_path):
     assert trainer.global_step == 0
 
 
-def test_fsdp_gradual_unfreezing_trains_shards_and_reloads(tmp_path):
+def _unfreezing_fit(root, model: Net, ckpt_path=None) -> None:
+    total = sum(p.numel() for p in model.parameters())
+    ckpt = ModelCheckpoint(dirpath=root, filename="{epoch}", save_top_k=-1)
+    trainer = quiet_trainer(devices=2, strategy=CPUFSDPStrategy(), max_epochs=2, enable_checkpointing=True,
+                            callbacks=[ls.FineTuneFreezing(backbone="backbone", unfreeze_at_epoch=1, verbose=False),
+                                       ckpt, Shards(total)])  # fmt: skip
+    trainer.fit(model, ckpt_path=ckpt_path)
+
+
+def test_fsdp_gradual_unfreezing_trains_shards_reloads_and_resumes(tmp_path):
     """FineTuneFreezing under FULL_SHARD: the frozen backbone stays put in epoch 0 and trains once unfrozen; the
-    main process gets the gathered full weights, and the checkpoint loads into a fresh model with weights_only."""
+    main process gets the gathered full weights; the checkpoint loads into a fresh model with weights_only; a run
+    resumed from epoch 0's checkpoint (another initialisation: all must come from the checkpoint) ends with the
+    uninterrupted run's weights."""
     L.seed_everything(0)
     model = Net()
     init = {k: v.clone() for k, v in model.state_dict().items()}
-
-    ckpt = ModelCheckpoint(dirpath=tmp_path, filename="{epoch}", save_top_k=-1)
-    trainer = quiet_trainer(devices=2, strategy=CPUFSDPStrategy(), max_epochs=2, enable_checkpointing=True,
-                            callbacks=[ls.FineTuneFreezing(backbone="backbone", unfreeze_at_epoch=1, verbose=False),
-                                       ckpt, Shards(sum(v.numel() for v in init.values()))])  # fmt: skip
-    trainer.fit(model)
+    _unfreezing_fit(tmp_path / "run", model)
     state = model.state_dict()
     assert state.keys() == init.keys() and all(state[k].shape == v.shape for k, v in init.items())
     assert not torch.equal(state["backbone.0.weight"], init["backbone.0.weight"])  # unfrozen in epoch 1
     assert not torch.equal(state["head.1.weight"], init["head.1.weight"])
-    fresh = ls.load_checkpoint(Net(), tmp_path / "epoch=1.ckpt")
+    fresh = ls.load_checkpoint(Net(), tmp_path / "run" / "epoch=1.ckpt")
     for k, v in fresh.state_dict().items():
         torch.testing.assert_close(v, state[k], msg=k)
-    saved = torch.load(tmp_path / "epoch=0.ckpt", weights_only=True)["state_dict"]
+    saved = torch.load(tmp_path / "run" / "epoch=0.ckpt", weights_only=True)["state_dict"]
     torch.testing.assert_close(saved["backbone.0.weight"], init["backbone.0.weight"])  # frozen through epoch 0
+
+    L.seed_everything(1)
+    resumed = Net()
+    L.seed_everything(0)  # the global seed also seeds Lightning's DistributedSampler: the same data order
+    _unfreezing_fit(tmp_path / "resume", resumed, ckpt_path=str(tmp_path / "run" / "epoch=0.ckpt"))
+    for k, v in resumed.state_dict().items():
+        torch.testing.assert_close(v, state[k], msg=k)
