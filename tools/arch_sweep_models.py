@@ -422,6 +422,8 @@ def _tv(name: str, segment: bool) -> Callable[[int], nn.Module]:
                 kw["aux_loss"] = True  # the {'out', 'aux'} dict output of the reference training scripts
         if name in ("googlenet", "inception_v3"):
             kw["aux_logits"], kw["init_weights"] = True, True
+        if name.startswith("vit_"):  # learned positions for `image_size`: built at the sweep's small sizes too
+            kw["image_size"] = size
         return torchvision.models.get_model(name, **kw)
 
     return build
