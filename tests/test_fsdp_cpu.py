@@ -128,3 +128,15 @@ def test_fsdp_gradual_unfreezing_trains_shards_reloads_and_resumes(tmp_path):
     _unfreezing_fit(tmp_path / "resume", resumed, ckpt_path=str(tmp_path / "run" / "epoch=0.ckpt"))
     for k, v in resumed.state_dict().items():
         torch.testing.assert_close(v, state[k], msg=k)
+
+
+def test_fsdp_matrix_tool_plans_every_single_technique_and_writes_a_table():
+    """``tools/fsdp_matrix.py`` (the survey behind the docs' FSDP list): its cells and its table, without a fit."""
+    from tests.zoo.techniques import TECHNIQUES
+    from tools.fsdp_matrix import ARCHS, SKIP, cells, markdown
+
+    planned = cells()
+    singles = [t for t in TECHNIQUES if "+" not in t and t not in SKIP]
+    assert planned == [(a, t) for a in ARCHS for t in singles]
+    table = markdown([{"arch": "bert", "tech": "ema", "outcome": "refused", "message": "a | b"}])
+    assert "| bert | ema | refused | a \\| b |" in table
