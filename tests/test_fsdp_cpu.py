@@ -3,8 +3,8 @@
 Lightning refuses ``strategy="fsdp"`` on a CPU; :class:`tests.fsdp_cpu.CPUFSDPStrategy` is the same strategy with
 ``device_id=cpu``, so with 2 ranks every flat parameter is split between them (``FULL_SHARD``). Techniques that
 cannot follow a sharded model refuse it in ``setup()``, naming the strategy, before any step; the others train,
-and their checkpoints reload into a fresh model. One FSDP fit per test (spawned ranks); the refusals are also checked
-in-process on a Trainer that is built but not fitted.
+and their checkpoints reload into a fresh model and resume (spawned ranks, one fit after another). The refusals are
+also checked in-process, on a Trainer that is built but not fitted.
 """
 
 from __future__ import annotations
