@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from lightning_speedups.benchmarks import _sequence_tasks as tasks
@@ -93,17 +94,6 @@ SIZES = {
 
 
 # ------------------------------------------------------------------------------------------ timing
-def _on(batch: Any, device: torch.device) -> Any:
-    """A collated batch (tensor, tuple or dict of tensors) on ``device``, as Lightning moves it."""
-    if isinstance(batch, Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: _on(v, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_on(v, device) for v in batch)
-    return batch
-
-
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
@@ -126,7 +116,7 @@ class _Stream:
                 self._epoch += 1
             batch = tasks.collated(self.dataset, self.collate, self._queue.pop(0))
             real += tasks.real_tokens(batch)
-            self.step(_on(batch, self.device))
+            self.step(move_data_to_device(batch, self.device))
         self.tokens.append(real)
 
 
@@ -184,7 +174,7 @@ def accuracy(model: tasks.SnippetClassifier, val: tasks.Snippets, batch_size: in
     model.eval()
     with torch.no_grad():
         for batch in LengthGroupedSampler(val.lengths, batch_size, shuffle=False):
-            ids, labels, mask = _on(tasks.collated(val, collate, batch), device)
+            ids, labels, mask = move_data_to_device(tasks.collated(val, collate, batch), device)
             right += int((model(ids, mask).argmax(1) == labels).sum())
     model.train()
     return right / len(val)
@@ -213,7 +203,7 @@ class _TrainRun:
         target = self.seen + self.every
         while self.pos < len(self.plan) and self.seen < target:
             batch = self.plan[self.pos]
-            self.step(_on(tasks.collated(self.task.train, self.collate, batch), self.device))
+            self.step(move_data_to_device(tasks.collated(self.task.train, self.collate, batch), self.device))
             self.pos, self.seen = self.pos + 1, self.seen + len(batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
