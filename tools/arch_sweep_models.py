@@ -441,6 +441,9 @@ def torchvision_rows() -> list[Row]:
 
 
 # ---------------------------------------------------------------------------------------------------- timm
+# timm's encoder-only variants (``gemma4_vit_167m_enc``): token features for a language model, no classifier head;
+# a family's smallest classifier is swept instead where it has one
+_ENCODER_ONLY = "_enc"
 _SMALL_WORDS = ("atto", "femto", "pico", "nano", "xxxs", "xxs", "xs", "tiny", "t", "mini", "small", "s", "b0", "lite")
 
 
@@ -479,7 +482,8 @@ def _timm(name: str) -> Callable[[int], nn.Module]:
 
 def timm_rows(cache: Path | None = None, candidates: int = 3) -> list[Row]:
     """The smallest model of every timm family: up to 2 x ``candidates`` smallest-sounding names per family (size
-    words, first number), counted on the meta device, smallest parameter count kept. Cached in ``cache`` (JSON)."""
+    words, first number), counted on the meta device, smallest parameter count kept (a classifier before an
+    encoder-only ``_enc`` variant). Cached in ``cache`` (JSON)."""
     import timm
 
     sizes = (32, 64, 96, 128, 160, 224, 240, 256)  # crossvit: multiples of 240
@@ -492,7 +496,8 @@ def timm_rows(cache: Path | None = None, candidates: int = 3) -> list[Row]:
             counted = [(row_params(Row(n, "timm", "image", _timm(n), "", (224,))), n)
                        for n in _candidates(names, candidates)]  # fmt: skip
             ok = sorted((p, n) for p, n in counted if p is not None)
-            chosen[fam] = list(ok[0]) if ok else [None, sorted(names, key=_size_rank)[0]]
+            classifiers = [c for c in ok if not c[1].endswith(_ENCODER_ONLY)] or ok
+            chosen[fam] = list(classifiers[0]) if ok else [None, sorted(names, key=_size_rank)[0]]
         if cache is not None:
             cache.write_text(json.dumps(chosen, indent=1, sort_keys=True))
     return [Row(f"timm_{fam}", "timm", "image", _timm(name), f"timm {name} (smallest of family {fam!r})", sizes,

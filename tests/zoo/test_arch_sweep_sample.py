@@ -156,3 +156,27 @@ def test_a_row_whose_baseline_diverges_trains_at_a_lower_probed_rate():
         for name in names:
             for table in (LRS, ROWS, SIZES, ARCHS):
                 table.pop(name, None)
+
+
+def test_a_timm_family_is_swept_with_its_smallest_classifier_not_an_encoder_only_variant(monkeypatch, tmp_path):
+    """timm's ``_enc`` variants are encoders without a classifier head (``gemma4_vit_167m_enc`` returns token
+    features): the family's smallest classifier is chosen, and an encoder-only family keeps its encoder."""
+    import timm
+
+    import tools.arch_sweep_models as models
+
+    params = {"gem_167m": 167_367_684, "gem_167m_enc": 167_364_608, "gem_570m": 569_552_692, "solo_9m_enc": 9}
+    monkeypatch.setattr(timm, "list_models", lambda *a, **k: sorted(params))
+    monkeypatch.setattr(models, "row_params", lambda row: params[row.source.removeprefix("n:")])
+    monkeypatch.setattr(models, "Row", lambda name, *a, **k: _FakeRow(name, *a, **k))
+    chosen = {r.name: r.source for r in models.timm_rows(tmp_path / "plan.json")}
+    assert chosen == {"timm_gem": "timm gem_167m (smallest of family 'gem')",
+                      "timm_solo": "timm solo_9m_enc (smallest of family 'solo')"}  # fmt: skip
+
+
+class _FakeRow:
+    """A ``Row`` whose ``source`` names the candidate, so a faked ``row_params`` can look it up."""
+
+    def __init__(self, name, family, kind, build, source, sizes=(), params=None):
+        self.name, self.params = name, params
+        self.source = source or f"n:{name}"
