@@ -33,6 +33,7 @@ import gc
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -293,7 +294,9 @@ def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_
             rec = _fails(type(err).__name__, f"sweep harness: {err}")
         gc.collect()  # Lightning's trainer <-> module cycles: free the cell's models before the next one
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        _append(results, {**base, "tech": tech, **rec, "seconds": round(time.time() - t0, 1), "at": at})
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB (Linux); this cell or an earlier one
+        _append(results, {**base, "tech": tech, **rec, "seconds": round(time.time() - t0, 1), "at": at,
+                          "worker_peak_rss_mb": round(peak)})  # fmt: skip
 
 
 def _append(path: Path, rec: dict[str, Any]) -> None:
