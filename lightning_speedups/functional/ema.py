@@ -64,7 +64,10 @@ def ema_decay(num_updates: int, decay: float, warmup: bool = True) -> float:
 class EMAUpdate:
     """``multi_avg_fn`` for :class:`~torch.optim.swa_utils.AveragedModel`: one EMA step at :func:`ema_decay`.
 
-    Delegates the arithmetic to torch's ``get_ema_multi_avg_fn`` (a foreach lerp per device and dtype).
+    Delegates the arithmetic to torch's ``get_ema_multi_avg_fn`` (a foreach lerp per device and dtype). A tensor whose
+    value held an infinity or a NaN when the average first saw it is copied from the model instead of averaged: such
+    tensors are bounds, not weights (Gemma 4's clipped linears start with ``input_min = -inf``), and a lerp between two
+    infinities is NaN, which would make every output of the averaged model NaN.
 
     Args:
         decay: the decay after warm-up, in ``[0, 1)``.
@@ -76,11 +79,35 @@ class EMAUpdate:
         if not isinstance(warmup, bool):
             raise SpeedupConfigError(f"`warmup`={warmup!r} is not supported. Allowed values: True, False.")
         self.warmup = warmup
+        self._copied: dict[int, bool] = {}  # an averaged tensor's data_ptr -> copied (held inf/NaN when first seen)
 
     def __call__(self, ema_params: Any, model_params: Any, num_averaged: torch.Tensor | int) -> None:
         # AveragedModel copies the weights on its first update (n = 0), so this runs from n = 1 on
         n = int(num_averaged)
-        get_ema_multi_avg_fn(ema_decay(n, self.decay, self.warmup))(ema_params, model_params, num_averaged)
+        pairs = list(zip(ema_params, model_params, strict=True))
+        copied = [self._held_non_finite(e, m) for e, m in pairs]
+        for (e, m), copy in zip(pairs, copied, strict=True):
+            if copy:
+                e.copy_(m)
+        averaged = [pair for pair, copy in zip(pairs, copied, strict=True) if not copy]
+        if averaged:
+            ema, model = (list(t) for t in zip(*averaged, strict=True))
+            get_ema_multi_avg_fn(ema_decay(n, self.decay, self.warmup))(ema, model, num_averaged)
+
+    def _held_non_finite(self, ema: torch.Tensor, model: torch.Tensor) -> bool:
+        """Whether ``model``'s value held an infinity or a NaN when this averaged tensor was first seen (checked once
+        per tensor: a later NaN is a diverged run, which the average is not to hide)."""
+        key = ema.data_ptr()
+        if key not in self._copied:
+            floating = ema.is_floating_point() or ema.is_complex()
+            self._copied[key] = floating and not bool(torch.isfinite(model).all())
+        return self._copied[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_copied": {}}  # addresses mean nothing in another process
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"_copied": {}, **state})
 
     def __repr__(self) -> str:
         return f"EMAUpdate(decay={self.decay}, warmup={self.warmup})"

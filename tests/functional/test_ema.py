@@ -83,3 +83,30 @@ def test_create_ema_model_follows_a_lazy_module_materialized_after_the_copy():
         net[0].weight.add_(1.0)
         ema.update_parameters(net)
     torch.testing.assert_close(ema.module[0].weight, net[0].weight - 0.5)
+
+
+class _ClippedLinear(nn.Linear):
+    """A linear layer with clip bounds that start at +-inf (no clipping), as Gemma 4's ``ClippedLinear`` does."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n, n)
+        self.register_buffer("input_min", torch.tensor(-float("inf")))
+        self.register_buffer("input_max", torch.tensor(float("inf")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.clamp(self.input_min, self.input_max))
+
+
+def test_a_buffer_holding_infinities_is_copied_not_averaged_into_nan():
+    """A lerp between two infinities is NaN: averaged, the clip bounds would make every output NaN."""
+    net = _ClippedLinear(3)
+    ema = create_ema_model(net, decay=0.5, warmup=False)
+    for _ in range(3):
+        with torch.no_grad():
+            net.weight.add_(1.0)
+        ema.update_parameters(net)
+    assert ema.module.input_min.item() == -float("inf") and ema.module.input_max.item() == float("inf")
+    torch.testing.assert_close(ema.module.weight, net.weight - 0.75)  # the weights are still averaged: 1/2 + 1/4
+    assert torch.isfinite(ema.module(torch.randn(2, 3))).all()
+    clone = pickle.loads(pickle.dumps(ema.multi_avg_fn))  # ddp_spawn: the per-tensor record starts afresh
+    assert clone._copied == {} and (clone.decay, clone.warmup) == (0.5, False)
