@@ -91,6 +91,7 @@ SAMPLE: dict[str, tuple[str, ...]] = {
     # classes the sweep found and the mechanism now handles (works cells)
     "timm_eva": ("quantize_for_inference",),  # a Linear whose weight the parent reads itself (F.linear): stays float
     "timm_convit": ("ema",),  # a buffer the forward pass rebuilds at another shape (rel_indices)
+    "clipped_cnn": ("ema",),  # buffers holding infinities (Gemma 4's clip bounds): an average of them is NaN
     # a Conv3d's 5-D weight beside the 2-D convolutions (Module.to(memory_format=channels_last) raises on it), and a
     # model whose bf16 steps must be checked before the fit's weights take one
     "timm_lambda": ("channels_last", "precision_trial"),

@@ -551,6 +551,23 @@ def _bn_cnn(size: int) -> nn.Module:
                          nn.Linear(32, CLASSES))  # fmt: skip
 
 
+class ClippedLinear(nn.Linear):
+    """Gemma 4's clipped linear in little: clip bounds kept as buffers, starting at -inf / +inf (no clipping)."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__(n_in, n_out)
+        for name, value in (("input_min", -math.inf), ("input_max", math.inf)):
+            self.register_buffer(name, torch.tensor(value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.clamp(self.input_min, self.input_max))
+
+
+def _clipped_cnn(size: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         ClippedLinear(16, CLASSES))  # fmt: skip
+
+
 class AuxNet(nn.Module):
     """Inception's aux-logit pattern in little: in train mode a second head (avg-pool 5/3, then a 5x5 conv) returns
     ``(logits, aux_logits)``; eval mode returns the logits only. Below 34 px the aux branch cannot run."""
@@ -577,6 +594,7 @@ def sample_rows() -> list[Row]:
         Row("seg_tiny", "sample", "segment", _seg_tiny, "torchvision FCN ({'out', 'aux'} dict) on a 2-stage tiny CNN"),
         Row("mixer_tiny", "sample", "image", _mixer_tiny, "timm MlpMixer, 32px, patch 8, 2 blocks, dim 32"),
         Row("bn_cnn", "sample", "image", _bn_cnn, "Conv2d/BatchNorm2d x2 + Linear"),
+        Row("clipped_cnn", "sample", "image", _clipped_cnn, "Conv2d + a Linear with -inf/+inf clip-bound buffers"),
         Row("aux_tiny", "sample", "image", lambda s: AuxNet(), "Inception-style aux head (train mode only), tiny",
             (32, 48, 64)),
         Row("tv_googlenet", "torchvision", "image", _tv("googlenet", False), "torchvision googlenet (aux_logits)",
