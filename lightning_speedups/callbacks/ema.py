@@ -50,6 +50,8 @@ class EMA(EMAWeightAveraging):
     * **Tensors the forward pass rebuilds.** A buffer replaced at another shape on the first call (timm ConViT's
       ``rel_indices``) or materialized (a lazy module) is copied into the average when it updates
       (``lightning_speedups.functional.ema.follow_shapes``); Lightning's update would fail on the shapes.
+    * **Tensors that hold infinities.** Clip bounds kept as buffers at ``-inf`` / ``+inf`` (Gemma 4's clipped
+      linears) are copied, not averaged: a lerp between two infinities is NaN, and every output of the average was.
 
     Args:
         decay: the EMA decay after warm-up, in ``[0, 1)``.
