@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.max_params and row.params and row.params > args.max_params:
             done = load_results(results)
             for t in techs:
-                if (row.name, t) not in done:
+                if (row.name, t) not in done or _redo(done[(row.name, t)], args.redo):  # e.g. a new limit's reason
                     _append(results, {"row": row.name, "family": row.family, "source": row.source, "tech": t,
                                       "outcome": "skipped", "params": row.params,
                                       "message": f"{row.params / 1e6:.0f}M parameters > --max-params "
