@@ -84,15 +84,15 @@ class EMAUpdate:
     def __call__(self, ema_params: Any, model_params: Any, num_averaged: torch.Tensor | int) -> None:
         # AveragedModel copies the weights on its first update (n = 0), so this runs from n = 1 on
         n = int(num_averaged)
-        pairs = list(zip(ema_params, model_params, strict=True))
-        copied = [self._held_non_finite(e, m) for e, m in pairs]
-        for (e, m), copy in zip(pairs, copied, strict=True):
-            if copy:
-                e.copy_(m)
-        averaged = [pair for pair, copy in zip(pairs, copied, strict=True) if not copy]
-        if averaged:
-            ema, model = (list(t) for t in zip(*averaged, strict=True))
-            get_ema_multi_avg_fn(ema_decay(n, self.decay, self.warmup))(ema, model, num_averaged)
+        copied = [self._held_non_finite(e, m) for e, m in zip(ema_params, model_params, strict=True)]
+        if any(copied):  # rare: the usual model goes to torch's foreach lerp as it came
+            for e, m, copy in zip(ema_params, model_params, copied, strict=True):
+                if copy:
+                    e.copy_(m)
+            ema_params = [e for e, copy in zip(ema_params, copied, strict=True) if not copy]
+            model_params = [m for m, copy in zip(model_params, copied, strict=True) if not copy]
+        if ema_params:
+            get_ema_multi_avg_fn(ema_decay(n, self.decay, self.warmup))(ema_params, model_params, num_averaged)
 
     def _held_non_finite(self, ema: torch.Tensor, model: torch.Tensor) -> bool:
         """Whether ``model``'s value held an infinity or a NaN when this averaged tensor was first seen (checked once

@@ -85,21 +85,11 @@ def test_create_ema_model_follows_a_lazy_module_materialized_after_the_copy():
     torch.testing.assert_close(ema.module[0].weight, net[0].weight - 0.5)
 
 
-class _ClippedLinear(nn.Linear):
-    """A linear layer with clip bounds that start at +-inf (no clipping), as Gemma 4's ``ClippedLinear`` does."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__(n, n)
-        self.register_buffer("input_min", torch.tensor(-float("inf")))
-        self.register_buffer("input_max", torch.tensor(float("inf")))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.clamp(self.input_min, self.input_max))
-
-
 def test_a_buffer_holding_infinities_is_copied_not_averaged_into_nan():
     """A lerp between two infinities is NaN: averaged, the clip bounds would make every output NaN."""
-    net = _ClippedLinear(3)
+    from tools.arch_sweep_models import ClippedLinear  # the sweep's stand-in of Gemma 4's clipped linear
+
+    net = ClippedLinear(3, 3)
     ema = create_ema_model(net, decay=0.5, warmup=False)
     for _ in range(3):
         with torch.no_grad():

@@ -167,16 +167,8 @@ def test_a_timm_family_is_swept_with_its_smallest_classifier_not_an_encoder_only
 
     params = {"gem_167m": 167_367_684, "gem_167m_enc": 167_364_608, "gem_570m": 569_552_692, "solo_9m_enc": 9}
     monkeypatch.setattr(timm, "list_models", lambda *a, **k: sorted(params))
-    monkeypatch.setattr(models, "row_params", lambda row: params[row.source.removeprefix("n:")])
-    monkeypatch.setattr(models, "Row", lambda name, *a, **k: _FakeRow(name, *a, **k))
+    monkeypatch.setattr(models, "row_params", lambda row: params[row.name])  # a candidate's row is named as it
     chosen = {r.name: r.source for r in models.timm_rows(tmp_path / "plan.json")}
     assert chosen == {"timm_gem": "timm gem_167m (smallest of family 'gem')",
                       "timm_solo": "timm solo_9m_enc (smallest of family 'solo')"}  # fmt: skip
 
-
-class _FakeRow:
-    """A ``Row`` whose ``source`` names the candidate, so a faked ``row_params`` can look it up."""
-
-    def __init__(self, name, family, kind, build, source, sizes=(), params=None):
-        self.name, self.params = name, params
-        self.source = source or f"n:{name}"
