@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import gc
 import json
 import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +55,9 @@ from tools.arch_sweep_table import load_results, write_outputs  # noqa: E402 - a
 FAMILIES = ("hf", "seq", "torchvision", "timm")
 
 DEFAULT_OUT = ROOT / "docs/_generated/arch_sweep.json"
+# the worker's cells write their checkpoints under this folder, which the parent removes when the worker ends: a worker
+# killed mid-cell (time or memory limit) leaves no checkpoints behind (several GB each on the largest models)
+SCRATCH_ENV = "LS_SWEEP_SCRATCH"
 
 
 def timm_plan(out: Path) -> Path:
@@ -216,6 +221,19 @@ def _quantize(arch: str) -> dict[str, Any]:
     return {"outcome": "works", "message": f"backend {note}"}
 
 
+def _release_training_state(model: Any) -> None:
+    """Free the trained run's gradients and optimizer state before the checks, which need its weights only.
+
+    The resume check builds a second model with its own optimizer and loads a checkpoint beside the first: with
+    AdamW, the first run's gradients and moments are 12 of the about 40 bytes per parameter that a cell holds at its
+    peak, which decides whether a model of several hundred million parameters fits the machine at all.
+    """
+    model.zero_grad(set_to_none=True)
+    with contextlib.suppress(RuntimeError):  # a module no longer attached to its trainer has no optimizers here
+        for opt in model.trainer.optimizers:
+            opt.state.clear()
+
+
 def run_cell(arch: str, tech: str) -> dict[str, Any]:
     """Run one cell of a registered row; return its record (outcome, message, error, where, checks)."""
     from tests.zoo.cells import ANY_OUTCOME, Cell, cleanup, fit_cell, reload_check, resume_check
@@ -227,7 +245,7 @@ def run_cell(arch: str, tech: str) -> dict[str, Any]:
     missing = missing_needs(cell.technique)
     if missing:
         return {"outcome": "skipped", "message": f"needs {missing}"}
-    root = Path(tempfile.mkdtemp(prefix=f"sweep-{arch}-{tech}-"))
+    root = Path(tempfile.mkdtemp(prefix=f"sweep-{arch}-{tech}-", dir=os.environ.get(SCRATCH_ENV)))
     try:
         rec = fit_cell(cell, root, want=ANY_OUTCOME)
         if rec.outcome == "refused":
@@ -248,6 +266,7 @@ def run_cell(arch: str, tech: str) -> dict[str, Any]:
         note = missing_effect if missing_effect and missing_effect.startswith("no-op:") else None
         if missing_effect and not note:
             return _fails("NoEffect", f"no effect: {missing_effect}")
+        _release_training_state(rec.model)
         checks = {}
         for name, check in (("resume", resume_check), ("reload", reload_check)):
             problem = check(cell, rec)
@@ -263,6 +282,18 @@ def run_cell(arch: str, tech: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- worker process
+def _free_memory() -> None:
+    """Collect Lightning's trainer <-> module cycles, then hand the freed heap back to the system.
+
+    glibc keeps what a process freed for its next allocations: after registering a 412M-parameter ViT (its sizes
+    tried, its learning rate probed), the worker held 20 GB resident of which 19 GB was free heap, and the next cell's
+    own peak came on top of it. ``malloc_trim`` returns it (Linux; elsewhere a no-op).
+    """
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_cache: Path | None) -> None:
     """Build ``row_name``, then run its cells for ``techs``, appending one JSON line per cell to ``results``."""
     import warnings
@@ -282,6 +313,7 @@ def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_
             _append(results, {**base, "tech": tech, "outcome": "skipped", "message": f"does not build: {err}"[:400]})
         return
     base["size"] = size
+    _free_memory()  # the sizes and learning rates register() tried
     if row.name in LRS:  # its baseline diverges at the default learning rate: the row trains at the probed one
         base["lr"] = LRS[row.name]
     for tech in techs:
@@ -293,7 +325,7 @@ def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_
             rec = run_cell(row.name, tech)
         except Exception as err:  # noqa: BLE001 - a crash of the harness itself is still this cell's result
             rec = _fails(type(err).__name__, f"sweep harness: {err}")
-        gc.collect()  # Lightning's trainer <-> module cycles: free the cell's models before the next one
+        _free_memory()  # the cell's models, before the next one
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB (Linux); this cell or an earlier one
         _append(results, {**base, "tech": tech, **rec, "seconds": round(time.time() - t0, 1), "at": at,
@@ -364,6 +396,40 @@ def _joiner(group: Path) -> Callable[[], None]:
     return join
 
 
+def _watch_worker(cmd: list[str], logf: Any, progress: Path, args: argparse.Namespace) -> tuple[Any, Any]:
+    """Run one worker to its end, killing it past the cell time or memory limit; return it and why it was killed.
+
+    Its memory cgroup and its scratch folder (the cells' checkpoints) are removed however it ends, the parent's own
+    interruption included.
+    """
+    group = _memory_cgroup(args.max_rss_mb) if args.max_rss_mb else None
+    scratch = tempfile.mkdtemp(prefix="arch_sweep-worker-")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+                            env={**os.environ, SCRATCH_ENV: scratch},
+                            preexec_fn=None if group is None else _joiner(group))  # fmt: skip
+    killed = None
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+            state = _read_progress(progress)
+            if state and time.time() - state["start"] > args.cell_timeout:
+                killed = ("Timeout", f"the cell ran past --cell-timeout {args.cell_timeout} s")
+            elif args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
+                killed = ("MemoryLimit", f"the worker grew past --max-rss-mb {args.max_rss_mb}")
+            if killed:
+                proc.kill()
+                proc.wait()
+    finally:
+        if proc.poll() is None:  # the parent was interrupted: its worker goes with it
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+        if group is not None:
+            with contextlib.suppress(OSError):  # a grandchild still in it: the group stays, empty and harmless
+                group.rmdir()
+    return proc, killed
+
+
 def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace) -> None:
     """Run the row's pending cells in worker subprocesses; a cell past the time or memory limit is a ``fails``.
 
@@ -388,24 +454,7 @@ def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace)
         with log.open("a") as logf:
             logf.write(f"\n=== {row.name}: {' '.join(pending)}\n")
             logf.flush()
-            group = _memory_cgroup(args.max_rss_mb) if args.max_rss_mb else None
-
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                                    preexec_fn=None if group is None else _joiner(group))  # fmt: skip
-            killed = None
-            while proc.poll() is None:
-                time.sleep(1.0)
-                state = _read_progress(progress)
-                if state and time.time() - state["start"] > args.cell_timeout:
-                    killed = ("Timeout", f"the cell ran past --cell-timeout {args.cell_timeout} s")
-                elif args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
-                    killed = ("MemoryLimit", f"the worker grew past --max-rss-mb {args.max_rss_mb}")
-                if killed:
-                    proc.kill()
-                    proc.wait()
-            if group is not None:
-                with contextlib.suppress(OSError):  # a grandchild still in it: the group stays, empty and harmless
-                    group.rmdir()
+            proc, killed = _watch_worker(cmd, logf, progress, args)
         state = _read_progress(progress)
         progress.unlink(missing_ok=True)
         current = state["tech"] if state else pending[0]
@@ -470,6 +519,8 @@ def main(argv: list[str] | None = None) -> None:
         progress = _progress_path(os.getppid())
         worker(args.worker, args.techniques, results, progress, timm_cache)
         return
+    # pkill's SIGTERM unwinds the parent as Ctrl-C does, so that its running worker and scratch folder go with it
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows = [] if args.table_only else select_rows(args)
     for row in rows:
         if args.rows and row.name not in args.rows:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -172,3 +173,58 @@ def test_a_timm_family_is_swept_with_its_smallest_classifier_not_an_encoder_only
     assert chosen == {"timm_gem": "timm gem_167m (smallest of family 'gem')",
                       "timm_solo": "timm solo_9m_enc (smallest of family 'solo')"}  # fmt: skip
 
+
+
+def test_the_checks_run_without_the_trained_runs_gradients_and_optimizer_state():
+    """The resume check loads a second model and optimizer beside the trained one: the sweep frees the first run's
+    gradients and AdamW moments before it (their 12 bytes per parameter decide whether a large model fits)."""
+    import lightning as L
+    from torch import nn
+
+    from tools.arch_sweep import _release_training_state
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    model = Tiny()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer.fit(model, data)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    assert trainer.optimizers[0].state and model.net.weight.grad is not None  # what a fit leaves behind
+    _release_training_state(model)
+    assert not trainer.optimizers[0].state and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())  # the weights the checks read
+    _release_training_state(Tiny())  # a module never attached to a trainer: nothing to free, no error
+
+
+def test_a_worker_killed_at_its_cell_limit_leaves_no_scratch_behind(tmp_path):
+    """A worker killed mid-cell (time or memory limit) cannot remove its checkpoints: the parent removes the scratch
+    folder it gave the worker, however the worker ended (the largest models' checkpoints are several GB each)."""
+    import argparse
+    import json
+    import sys
+    import time
+
+    from tools.arch_sweep import SCRATCH_ENV, _watch_worker
+
+    progress, seen = tmp_path / "progress", tmp_path / "scratch_was"
+    progress.write_text(json.dumps({"tech": "baseline", "start": time.time()}))
+    script = (f"import os, pathlib, time; s = pathlib.Path(os.environ[{SCRATCH_ENV!r}]); "
+              f"(s / 'epoch=0.ckpt').write_bytes(b'0' * 1024); pathlib.Path({str(seen)!r}).write_text(str(s)); "
+              f"time.sleep(60)")  # fmt: skip
+    args = argparse.Namespace(cell_timeout=2.0, max_rss_mb=0)
+    with (tmp_path / "log").open("w") as logf:
+        proc, killed = _watch_worker([sys.executable, "-c", script], logf, progress, args)
+    assert killed is not None and killed[0] == "Timeout" and proc.returncode != 0
+    scratch = Path(seen.read_text())
+    assert scratch.name.startswith("arch_sweep-worker-") and not scratch.exists()
