@@ -372,7 +372,9 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
 def _memory_cgroup(limit_mb: float) -> Path | None:
     """A fresh child memory cgroup (v2, else v1) of this process's own, limited to ``limit_mb``, so that what the
     library reads as the memory it may use (``MemoryMeter.capacity``) is the sweep's limit, as in a container; None
-    where cgroups cannot be written (not root, not Linux): the RSS poll alone enforces the limit there."""
+    where cgroups cannot be written (not root, not Linux): the RSS poll enforces the limit there. In the group, the
+    kernel enforces it: it pages the worker out where the machine has swap (so a model larger than the limit runs,
+    slower) and stops it otherwise; RSS is not polled there, as it counts pages the group is not charged for."""
     from lightning_speedups.functional.batch_size.cgroup import own_memory_cgroups
 
     for parent, limit_file in own_memory_cgroups():
@@ -414,11 +416,14 @@ def _watch_worker(cmd: list[str], logf: Any, progress: Path, args: argparse.Name
             state = _read_progress(progress)
             if state and time.time() - state["start"] > args.cell_timeout:
                 killed = ("Timeout", f"the cell ran past --cell-timeout {args.cell_timeout} s")
-            elif args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
+            elif group is None and args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
                 killed = ("MemoryLimit", f"the worker grew past --max-rss-mb {args.max_rss_mb}")
             if killed:
                 proc.kill()
                 proc.wait()
+        if killed is None and group is not None and proc.returncode == -signal.SIGKILL:
+            killed = ("MemoryLimit", f"the kernel stopped the worker at its memory cgroup's --max-rss-mb "
+                                     f"{args.max_rss_mb} (a machine with swap pages out instead)")  # fmt: skip
     finally:
         if proc.poll() is None:  # the parent was interrupted: its worker goes with it
             proc.kill()

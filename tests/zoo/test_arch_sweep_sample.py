@@ -228,3 +228,23 @@ def test_a_worker_killed_at_its_cell_limit_leaves_no_scratch_behind(tmp_path):
     assert killed is not None and killed[0] == "Timeout" and proc.returncode != 0
     scratch = Path(seen.read_text())
     assert scratch.name.startswith("arch_sweep-worker-") and not scratch.exists()
+
+
+def test_a_worker_the_kernel_stops_at_its_memory_cgroup_is_recorded_as_over_the_memory_limit(tmp_path, monkeypatch):
+    """In a memory cgroup the kernel enforces ``--max-rss-mb`` (paging out where there is swap); a worker it kills
+    there is a ``MemoryLimit`` cell, and RSS, which counts pages the group is not charged for, is not polled."""
+    import argparse
+    import sys
+
+    import tools.arch_sweep as sweep
+
+    group = tmp_path / "group"
+    group.mkdir()
+    monkeypatch.setattr(sweep, "_memory_cgroup", lambda limit_mb: group)
+    monkeypatch.setattr(sweep, "_rss_mb", lambda pid: pytest.fail("RSS polled inside a memory cgroup"))
+    args = argparse.Namespace(cell_timeout=60.0, max_rss_mb=100.0)
+    script = "import os, signal, time; time.sleep(1.5); os.kill(os.getpid(), signal.SIGKILL)"
+    with (tmp_path / "log").open("w") as logf:
+        _, killed = sweep._watch_worker([sys.executable, "-c", script], logf, tmp_path / "progress", args)
+    assert killed is not None and killed[0] == "MemoryLimit" and "cgroup" in killed[1]
+    assert (group / "cgroup.procs").read_text().strip()  # the worker joined the group before it ran
