@@ -218,6 +218,22 @@ def test_batch_size_simulated_oom_steps_back():
     assert cb.result.chosen == 32 and dm.batch_size == 32 and cb.result.stop_reason == "out of memory"
 
 
+def test_batch_size_keeps_the_loaders_size_when_every_size_runs_over_the_memory_budget():
+    """A model whose own training state fills the memory budget (a 412M ViT in 23 GB) runs at every size, over the
+    budget: no size is chosen by speed, the loader's size stays with a warning, and the fit trains as it would have
+    without the finder (it used to stop the fit with a RuntimeError)."""
+    cb, dm, seen = finder(init_val=16, max_val=64, memory_budget=1e-6), Digits(batch_size=8), BatchSizes()
+    with pytest.warns(UserWarning, match=r"exceeds the memory budget.*batch size 8 is kept.*`memory_budget`"):
+        quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[cb, seen]).fit(DemoClassifier(width=8), dm)
+    assert [t.batch_size for t in cb.result.trials] == [16, 8, 4, 2, 1]
+    assert all(t.status == "over_budget" for t in cb.result.trials)
+    assert cb.result.chosen == 8 and dm.batch_size == 8 and seen.seen[0] == [8, 8]
+    assert cb.result.stop_reason.startswith("no size within the memory budget")
+    # a size that runs out of memory is another matter: the model cannot train here at any size
+    with pytest.raises(RuntimeError, match="even batch size 1 runs out of memory"):
+        quiet_trainer(max_steps=1, callbacks=[finder(init_val=4)]).fit(OOMAbove(limit=1), Digits(batch_size=8))
+
+
 @pytest.mark.parametrize("rule, factor", [("linear", 4.0), ("sqrt", 2.0)])
 def test_batch_size_scale_lr(rule, factor):
     class WithScheduler(DemoClassifier):

@@ -15,6 +15,7 @@ from lightning_speedups.functional.batch_size import (
     BatchSizeSearchResult,
     BatchSizeTrial,
     MemoryMeter,
+    NoBatchSizeFits,
     batch_size_ladder,
     scale_lr_factor,
     search_batch_size,
@@ -128,6 +129,13 @@ def test_search_memory_budget_predicts_and_refuses():
                                [64, 128], memory_budget_bytes=5000)
     assert result.trial(64).status == "over_budget"
     assert result.chosen == 32
+    # every size runs, but over the budget: the caller learns it was only the budget (it may keep its own size)
+    with pytest.raises(NoBatchSizeFits, match=r"exceeds the memory budget: every size ran, but batch 1") as err:
+        search_batch_size(fake(mem_per_sample=100), BatchSizeSearchConfig(init_val=4), [4, 8], memory_budget_bytes=500)
+    assert err.value.over_budget_only and [t.batch_size for t in err.value.trials] == [4, 2, 1]
+    with pytest.raises(NoBatchSizeFits, match="runs out of memory") as err:
+        search_batch_size(fake(oom_from=1), BatchSizeSearchConfig(init_val=2), [2, 4], memory_budget_bytes=10**9)
+    assert not err.value.over_budget_only
 
 
 def test_result_round_trip_and_table():

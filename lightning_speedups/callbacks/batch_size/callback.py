@@ -42,6 +42,7 @@ from lightning_speedups.functional.batch_size import (
     BatchSizeSearchResult,
     BatchSizeTrial,
     MemoryMeter,
+    NoBatchSizeFits,
     batch_size_ladder,
     search_batch_size,
 )
@@ -302,6 +303,11 @@ class ThroughputBatchSizeFinder(Callback):
                 epoch_samples=per_epoch,
                 progress_bar=self.progress_bar,
             )
+        except NoBatchSizeFits as err:
+            self._set_size(trainer, pl_module, base)
+            if not err.over_budget_only:  # a size ran out of memory: the model does not train here at any size
+                raise
+            result = self._keep_size(base, err)
         except BaseException:
             self._set_size(trainer, pl_module, base)
             raise
@@ -318,6 +324,23 @@ class ThroughputBatchSizeFinder(Callback):
         self.history.append(result)
         log_search(trainer, result, verbose=self.verbose)
         return result
+
+    def _keep_size(self, base: int, err: NoBatchSizeFits) -> BatchSizeSearchResult:
+        """Every size ran but over the memory budget: the model's own state takes most of the memory, so no size is
+        chosen by speed, and the loader's size stays (the fit runs as it would have without the finder)."""
+        rank_zero_warn(
+            f"ThroughputBatchSizeFinder: {str(err).removeprefix('Batch-size search: ')} The model's own training "
+            f"state takes most of the memory, so no size is chosen by throughput: the loader's batch size {base} is "
+            "kept. HINT: raise `memory_budget` (up to 1.0), or free memory; on a machine with swap the fit pages out "
+            "beyond it, slower."
+        )
+        return BatchSizeSearchResult(
+            chosen=base,
+            mode=self.config.mode,
+            trials=err.trials,
+            stop_reason="no size within the memory budget: the loader's size kept",
+            memory_budget_bytes=err.memory_budget_bytes,
+        )
 
     def _ladder(
         self, trainer: L.Trainer, target: int | None

@@ -22,7 +22,7 @@ from lightning_speedups.functional.batch_size.config import LR_RULES as LR_RULES
 from lightning_speedups.functional.batch_size.config import MODES as MODES
 from lightning_speedups.functional.batch_size.config import BatchSizeSearchConfig
 from lightning_speedups.functional.batch_size.records import BatchSizeSearchResult, BatchSizeTrial
-from lightning_speedups.functional.batch_size.search import batch_size_ladder, search_batch_size
+from lightning_speedups.functional.batch_size.search import NoBatchSizeFits, batch_size_ladder, search_batch_size
 from lightning_speedups.functional.batch_size.search import scale_lr_factor as scale_lr_factor
 from lightning_speedups.functional.batch_size.state import MemoryMeter, snapshot_training_state
 
@@ -30,6 +30,7 @@ __all__ = [
     "BatchSizeSearchConfig",
     "BatchSizeTrial",
     "BatchSizeSearchResult",
+    "NoBatchSizeFits",
     "search_batch_size",
     "batch_size_ladder",
     "MemoryMeter",

@@ -18,7 +18,7 @@ from lightning_speedups.functional.batch_size.config import BatchSizeSearchConfi
 from lightning_speedups.functional.batch_size.policy import Search
 from lightning_speedups.functional.batch_size.records import BatchSizeSearchResult, BatchSizeTrial
 
-__all__ = ["batch_size_ladder", "scale_lr_factor", "search_batch_size"]
+__all__ = ["NoBatchSizeFits", "batch_size_ladder", "scale_lr_factor", "search_batch_size"]
 
 
 def batch_size_ladder(init_val: int, cap: int, allowed: Callable[[int], bool] | None = None) -> list[int]:
@@ -35,6 +35,24 @@ def batch_size_ladder(init_val: int, cap: int, allowed: Callable[[int], bool] | 
 def _round(b: int) -> int:
     # multiples of 8 keep tensor-core / vector shapes friendly once sizes are large enough
     return b - b % 8 if b >= 32 else b
+
+
+class NoBatchSizeFits(RuntimeError):
+    """Not even batch size 1 fitted: ``trials`` holds what was measured, ``memory_budget_bytes`` the budget.
+
+    :attr:`over_budget_only` tells the two cases apart: every size *ran* and only the memory budget ruled it out (the
+    model's own training state takes most of the memory: the caller can keep the size it had), or a size ran out of
+    memory (the model cannot train here at all).
+    """
+
+    def __init__(self, message: str, trials: list[BatchSizeTrial], memory_budget_bytes: int | None) -> None:
+        super().__init__(message)
+        self.trials = list(trials)
+        self.memory_budget_bytes = memory_budget_bytes
+
+    @property
+    def over_budget_only(self) -> bool:
+        return bool(self.trials) and all(t.status == "over_budget" for t in self.trials)
 
 
 @dataclass
@@ -113,7 +131,7 @@ def search_batch_size(
         A :class:`BatchSizeSearchResult` (``search_time_s`` is left for the caller to fill).
 
     Raises:
-        RuntimeError: if even batch size 1 runs out of memory.
+        NoBatchSizeFits: (a ``RuntimeError``) if even batch size 1 runs out of memory or over the budget.
 
     Example::
 
@@ -199,9 +217,20 @@ def _step_back(walk: _Walk, first: int) -> None:
     b = first
     while not any(t.ok for t in walk.trials):
         if b <= 1:
-            raise RuntimeError("Batch-size search: even batch size 1 runs out of memory (or exceeds the budget).")
+            raise NoBatchSizeFits(_no_fit_message(walk), walk.trials, walk.memory_budget_bytes)
         walk.failed_at, b = b, max(1, b // 2)
         walk.search.run(b)
+
+
+def _no_fit_message(walk: _Walk) -> str:
+    smallest = min(walk.trials, key=lambda t: t.batch_size)
+    if any(t.status == "oom" for t in walk.trials) or walk.memory_budget_bytes is None:
+        return "Batch-size search: even batch size 1 runs out of memory."
+    return (
+        f"Batch-size search: even batch size 1 exceeds the memory budget: every size ran, but batch "
+        f"{smallest.batch_size} peaked at {smallest.peak_memory / 2**30:.2f} GiB against a budget of "
+        f"{walk.memory_budget_bytes / 2**30:.2f} GiB (`memory_budget`={walk.config.memory_budget})."
+    )
 
 
 def _refine(walk: _Walk, allowed: Callable[[int], bool] | None) -> None:
