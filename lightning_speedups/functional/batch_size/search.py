@@ -52,6 +52,7 @@ class NoBatchSizeFits(RuntimeError):
 
     @property
     def over_budget_only(self) -> bool:
+        """Whether every size ran and only the memory budget ruled it out (no size ran out of memory)."""
         return bool(self.trials) and all(t.status == "over_budget" for t in self.trials)
 
 
@@ -131,7 +132,8 @@ def search_batch_size(
         A :class:`BatchSizeSearchResult` (``search_time_s`` is left for the caller to fill).
 
     Raises:
-        NoBatchSizeFits: (a ``RuntimeError``) if even batch size 1 runs out of memory or over the budget.
+        ~lightning_speedups.functional.batch_size.NoBatchSizeFits: (a ``RuntimeError``) if even batch size 1 runs
+            out of memory or over the budget.
 
     Example::
 
