@@ -411,21 +411,18 @@ def _watch_worker(cmd: list[str], logf: Any, progress: Path, args: argparse.Name
                             preexec_fn=None if group is None else _joiner(group))  # fmt: skip
     killed = None
     try:
-        while proc.poll() is None:
+        while killed is None and proc.poll() is None:
             time.sleep(1.0)
             state = _read_progress(progress)
             if state and time.time() - state["start"] > args.cell_timeout:
                 killed = ("Timeout", f"the cell ran past --cell-timeout {args.cell_timeout} s")
             elif group is None and args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
                 killed = ("MemoryLimit", f"the worker grew past --max-rss-mb {args.max_rss_mb}")
-            if killed:
-                proc.kill()
-                proc.wait()
         if killed is None and group is not None and proc.returncode == -signal.SIGKILL:
             killed = ("MemoryLimit", f"the kernel stopped the worker at its memory cgroup's --max-rss-mb "
                                      f"{args.max_rss_mb} (a machine with swap pages out instead)")  # fmt: skip
     finally:
-        if proc.poll() is None:  # the parent was interrupted: its worker goes with it
+        if proc.poll() is None:  # past a limit, or the parent was interrupted: the worker goes
             proc.kill()
             proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)

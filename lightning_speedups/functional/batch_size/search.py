@@ -45,10 +45,18 @@ class NoBatchSizeFits(RuntimeError):
     memory (the model cannot train here at all).
     """
 
-    def __init__(self, message: str, trials: list[BatchSizeTrial], memory_budget_bytes: int | None) -> None:
-        super().__init__(message)
+    def __init__(self, trials: list[BatchSizeTrial], memory_budget_bytes: int | None, memory_budget: float) -> None:
         self.trials = list(trials)
         self.memory_budget_bytes = memory_budget_bytes
+        message = "Batch-size search: even batch size 1 runs out of memory."
+        if self.over_budget_only and memory_budget_bytes is not None:
+            smallest = min(self.trials, key=lambda t: t.batch_size)
+            message = (
+                f"Batch-size search: even batch size 1 exceeds the memory budget: every size ran, but batch "
+                f"{smallest.batch_size} peaked at {smallest.peak_memory / 2**30:.2f} GiB against a budget of "
+                f"{memory_budget_bytes / 2**30:.2f} GiB (`memory_budget`={memory_budget})."
+            )
+        super().__init__(message)
 
     @property
     def over_budget_only(self) -> bool:
@@ -219,20 +227,9 @@ def _step_back(walk: _Walk, first: int) -> None:
     b = first
     while not any(t.ok for t in walk.trials):
         if b <= 1:
-            raise NoBatchSizeFits(_no_fit_message(walk), walk.trials, walk.memory_budget_bytes)
+            raise NoBatchSizeFits(walk.trials, walk.memory_budget_bytes, walk.config.memory_budget)
         walk.failed_at, b = b, max(1, b // 2)
         walk.search.run(b)
-
-
-def _no_fit_message(walk: _Walk) -> str:
-    smallest = min(walk.trials, key=lambda t: t.batch_size)
-    if any(t.status == "oom" for t in walk.trials) or walk.memory_budget_bytes is None:
-        return "Batch-size search: even batch size 1 runs out of memory."
-    return (
-        f"Batch-size search: even batch size 1 exceeds the memory budget: every size ran, but batch "
-        f"{smallest.batch_size} peaked at {smallest.peak_memory / 2**30:.2f} GiB against a budget of "
-        f"{walk.memory_budget_bytes / 2**30:.2f} GiB (`memory_budget`={walk.config.memory_budget})."
-    )
 
 
 def _refine(walk: _Walk, allowed: Callable[[int], bool] | None) -> None:
