@@ -358,8 +358,11 @@ def _progress_path(parent_pid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"arch_sweep.{parent_pid}.progress"  # the running cell of the parent's worker
 
 
-def _redo(rec: dict[str, Any], redo: list[str]) -> bool:
-    return rec.get("error") in redo or (rec["outcome"] in redo and rec["outcome"] != "works")
+def _redo(rec: dict[str, Any], redo: list[str], row: Any) -> bool:
+    """Whether the recorded cell ``rec`` runs again: its error type or outcome is in ``redo``, or it was recorded for
+    another model than the row builds now (a timm family whose smallest model was chosen again)."""
+    stale = rec.get("source", row.source) != row.source
+    return stale or rec.get("error") in redo or (rec["outcome"] in redo and rec["outcome"] != "works")
 
 
 def _read_progress(path: Path) -> dict[str, Any] | None:
@@ -435,12 +438,12 @@ def _watch_worker(cmd: list[str], logf: Any, progress: Path, args: argparse.Name
 def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace) -> None:
     """Run the row's pending cells in worker subprocesses; a cell past the time or memory limit is a ``fails``.
 
-    Cells recorded with an error type in ``args.redo`` (e.g. a ``NameError`` of a library caught mid-edit) run once
-    more.
+    Cells recorded with an error type in ``args.redo`` (e.g. a ``NameError`` of a library caught mid-edit), or for
+    another model than the row's, run once more.
     """
     base = {"row": row.name, "family": row.family, "source": row.source}
     first = load_results(results)
-    redo = {t for t in techs if (row.name, t) in first and _redo(first[(row.name, t)], args.redo)}
+    redo = {t for t in techs if (row.name, t) in first and _redo(first[(row.name, t)], args.redo, row)}
     runs = _record_counts(results)
     while True:
         done, counts = load_results(results), _record_counts(results)
@@ -531,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.max_params and row.params and row.params > args.max_params:
             done = load_results(results)
             for t in techs:
-                if (row.name, t) not in done or _redo(done[(row.name, t)], args.redo):  # e.g. a new limit's reason
+                if (row.name, t) not in done or _redo(done[(row.name, t)], args.redo, row):  # e.g. a new limit's reason
                     _append(results, {"row": row.name, "family": row.family, "source": row.source, "tech": t,
                                       "outcome": "skipped", "params": row.params,
                                       "message": f"{row.params / 1e6:.0f}M parameters > --max-params "

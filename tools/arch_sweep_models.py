@@ -444,28 +444,11 @@ def torchvision_rows() -> list[Row]:
 # timm's encoder-only variants (``gemma4_vit_167m_enc``): token features for a language model, no classifier head;
 # a family's smallest classifier is swept instead where it has one
 _ENCODER_ONLY = "_enc"
-_SMALL_WORDS = ("atto", "femto", "pico", "nano", "xxxs", "xxs", "xs", "tiny", "t", "mini", "small", "s", "b0", "lite")
 
 
 def timm_family(name: str) -> str:
     """The family of a timm model: its name up to the first digit or underscore (``resnet18`` -> ``resnet``)."""
     return re.split(r"[_\d]", name)[0] or name
-
-
-def _size_rank(name: str) -> tuple[int, int, str]:
-    words = [re.sub(r"\d+$", "", w) or w for w in re.split(r"[_.]", name)]  # "s16" -> "s", "b0" stays
-    rank = min((i for i, w in enumerate(_SMALL_WORDS) if w in words), default=len(_SMALL_WORDS))
-    return rank, len(name), name
-
-
-def _number_rank(name: str) -> tuple[int, int, str]:
-    nums = re.findall(r"\d+", name)  # resnet18, levit_128, regnetx_002: the first number is the size
-    return (int(nums[0]) if nums else 10**9), len(name), name
-
-
-def _candidates(names: list[str], n: int) -> list[str]:
-    """The ``n`` smallest-sounding names by size word (tiny, s16, ...) and the ``n`` by first number, deduplicated."""
-    return list(dict.fromkeys(sorted(names, key=_size_rank)[:n] + sorted(names, key=_number_rank)[:n]))
 
 
 def _timm(name: str) -> Callable[[int], nn.Module]:
@@ -480,10 +463,12 @@ def _timm(name: str) -> Callable[[int], nn.Module]:
     return build
 
 
-def timm_rows(cache: Path | None = None, candidates: int = 3) -> list[Row]:
-    """The smallest model of every timm family: up to 2 x ``candidates`` smallest-sounding names per family (size
-    words, first number), counted on the meta device, smallest parameter count kept (a classifier before an
-    encoder-only ``_enc`` variant). Cached in ``cache`` (JSON)."""
+def timm_rows(cache: Path | None = None) -> list[Row]:
+    """The smallest model of every timm family: every name of the family counted on the meta device, the smallest
+    parameter count kept (a classifier before an encoder-only ``_enc`` variant). Cached in ``cache`` (JSON).
+
+    Every name is counted, not the smallest-sounding ones: names do not order sizes (``aimv2_large`` is a quarter of
+    ``aimv2_1b``, ``convnext_zepto`` smaller than ``convnext_atto``)."""
     import timm
 
     sizes = (32, 64, 96, 128, 160, 224, 240, 256)  # crossvit: multiples of 240
@@ -493,11 +478,10 @@ def timm_rows(cache: Path | None = None, candidates: int = 3) -> list[Row]:
         for name in timm.list_models():
             families.setdefault(timm_family(name), []).append(name)
         for fam, names in sorted(families.items()):
-            counted = [(row_params(Row(n, "timm", "image", _timm(n), "", (224,))), n)
-                       for n in _candidates(names, candidates)]  # fmt: skip
+            counted = [(row_params(Row(n, "timm", "image", _timm(n), "", (224,))), n) for n in names]
             ok = sorted((p, n) for p, n in counted if p is not None)
             classifiers = [c for c in ok if not c[1].endswith(_ENCODER_ONLY)] or ok
-            chosen[fam] = list(classifiers[0]) if ok else [None, sorted(names, key=_size_rank)[0]]
+            chosen[fam] = list(classifiers[0]) if ok else [None, min(names, key=lambda n: (len(n), n))]
         if cache is not None:
             cache.write_text(json.dumps(chosen, indent=1, sort_keys=True))
     return [Row(f"timm_{fam}", "timm", "image", _timm(name), f"timm {name} (smallest of family {fam!r})", sizes,

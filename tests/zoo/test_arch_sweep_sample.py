@@ -174,6 +174,28 @@ def test_a_timm_family_is_swept_with_its_smallest_classifier_not_an_encoder_only
                       "timm_solo": "timm solo_9m_enc (smallest of family 'solo')"}  # fmt: skip
 
 
+def test_a_timm_familys_smallest_model_is_counted_not_guessed_from_its_name(monkeypatch, tmp_path):
+    """Names do not order sizes (timm's ``aimv2_1b`` is four times ``aimv2_large``; ``convnext_zepto`` is below
+    ``convnext_atto``): every name of a family is counted, and a recorded cell of the family's former choice runs
+    again."""
+    import timm
+
+    import tools.arch_sweep as sweep
+    import tools.arch_sweep_models as models
+
+    params = {"aim2_1b_p14_224": 1_234_966_532, "aim2_1b_p14_336": 1_235_000_000, "aim2_3b_p14_224": 2_700_000_000,
+              "aim2_huge_p14_224": 681_000_000, "aim2_large_p14_224": 309_201_924, "cnx_atto": 3_373_324,
+              "cnx_atto_rms": 3_373_324, "cnx_femto": 5_000_000, "cnx_zepto_rms": 1_899_684}  # fmt: skip
+    monkeypatch.setattr(timm, "list_models", lambda *a, **k: sorted(params))
+    monkeypatch.setattr(models, "row_params", lambda row: params[row.name])
+    rows = {r.name: r for r in models.timm_rows(tmp_path / "plan.json")}
+    assert {k: r.source.split()[1] for k, r in rows.items()} == {"timm_aim": "aim2_large_p14_224",
+                                                                  "timm_cnx": "cnx_zepto_rms"}  # fmt: skip
+    former = {"row": "timm_aim", "tech": "ema", "outcome": "works", "source": "timm aim2_1b_p14_224 (smallest ...)"}
+    assert sweep._redo(former, [], rows["timm_aim"])
+    assert not sweep._redo({**former, "source": rows["timm_aim"].source}, [], rows["timm_aim"])
+    assert sweep._redo({**former, "source": rows["timm_aim"].source, "outcome": "fails"}, ["fails"], rows["timm_aim"])
+
 
 def test_the_checks_run_without_the_trained_runs_gradients_and_optimizer_state():
     """The resume check loads a second model and optimizer beside the trained one: the sweep frees the first run's
