@@ -7,6 +7,7 @@ import json
 import random
 import re
 
+import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -39,7 +40,7 @@ class FakeMachine:
         scale = int(plan.get("batch_scale", 1))
         cost *= scale * self.costs.get(f"x{scale}", 1.0)  # per-step cost grows with the batch, per-sample may not
         cost *= self.costs.get("optimizer_only", 1.0) if plan.get("optimizer_only") else 1.0
-        compiled = getattr(ctx.model, "_fake_compiled", False)
+        compiled = bool(plan.get("compile"))
         cost *= self.costs.get("compiled", 1.0) if compiled else 1.0
         first = [compiled]
 
@@ -57,12 +58,6 @@ class FakeMachine:
 def _patched(monkeypatch, machine: FakeMachine) -> None:
     monkeypatch.setattr(trials, "make_step", machine.make_step)
     monkeypatch.setattr(_peak, "cpu_bf16_units", lambda: "AVX512-BF16")  # bf16 is tried whatever CPU runs the test
-
-    def fake_compile(model, *args, **kwargs):
-        model._fake_compiled = True
-        return model
-
-    monkeypatch.setattr(torch, "compile", fake_compile)
 
 
 def _fake_tune(monkeypatch, machine: FakeMachine, candidates: list[str], **kwargs) -> TunePlan:
@@ -120,6 +115,45 @@ def test_autotune_compile_not_tried_in_a_small_budget(monkeypatch):
     machine = FakeMachine({})
     plan = _fake_tune(monkeypatch, machine, ["compile"], budget_s=10.0)
     assert plan.choices == [] and any("compile not tried" in n for n in plan.notes)
+
+
+class _PlainModule(L.LightningModule):
+    """A LightningModule as users write one: ``training_step`` calls ``self(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(3 * 32 * 32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.flatten(1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_compile_trial_runs_the_training_step_compiled(monkeypatch):
+    # torch.compile(model) wraps the module, but a training_step's self(x) calls the module inside the wrapper, so the
+    # old trial timed the eager step twice (0.02 s of "compile"); the trial must compile as TorchCompile does
+    calls = []
+
+    def spy(fn, **kwargs):
+        def traced(*args, **kw):
+            calls.append(fn)
+            return fn(*args, **kw)
+
+        return traced
+
+    monkeypatch.setattr(torch, "compile", spy)
+    ctx = trials.TrialContext(_PlainModule(), next(iter(_loader())), torch.device("cpu"), 10, 0.05, float("inf"), {})
+    trials.make_step(ctx, {})()
+    assert calls == []
+    trials.make_step(ctx, {"compile": True})()
+    assert len(calls) == 1  # the forward of the training step, through the compiled call
+    assert trials.STEP_DEFAULTS["compile"] is False  # a compiled plan is never mistaken for the warm eager one
 
 
 def test_autotune_cache_hit_corrupt_and_other_torch(monkeypatch, tmp_path):

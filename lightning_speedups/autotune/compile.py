@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 import lightning_speedups.autotune.batching  # noqa: F401  (every other candidate registered first: compile goes last)
 import lightning_speedups.autotune.data  # noqa: F401
 from lightning_speedups.autotune.trials import (
@@ -13,7 +11,6 @@ from lightning_speedups.autotune.trials import (
     register_candidate,
 )
 from lightning_speedups.functional.compile import FIRST_COMPILE_PRIOR_S
-from lightning_speedups.measure import model_copy
 
 __all__ = ["COMPILE_MIN_S"]
 
@@ -30,10 +27,7 @@ def _compile(ctx: TrialContext, share: float) -> Choice | None:
         return None
     eager = ctx.step(ctx.plan)
     t0 = ctx.clock()
-    model = model_copy(ctx.model, train=True).to(ctx.device)
-    compiled_ctx = TrialContext(torch.compile(model), ctx.batch, ctx.device, ctx.planned_steps, ctx.margin,
-                                ctx.deadline, ctx.plan, ctx.clock, no_bf16=ctx.no_bf16)  # fmt: skip
-    compiled = compiled_ctx.step(ctx.plan)
+    compiled = ctx.step({**ctx.plan, "compile": True})  # compiled as the fit's TorchCompile compiles it
     compiled()  # the compile happens here
     compile_s = ctx.clock() - t0
     result = ctx.compare({"eager": eager, "compiled": compiled}, "eager", share)

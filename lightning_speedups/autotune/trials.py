@@ -22,6 +22,7 @@ from torch import nn
 
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.functional.channels_last import apply_channels_last, to_channels_last
+from lightning_speedups.functional.compile import compile_model
 from lightning_speedups.measure import Comparison, compare, make_train_step, model_copy, training_step_loss
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "STEP_DEFAULTS",
     "Choice",
     "TrialContext",
+    "compile_like_the_fit",
     "make_step",
     "register_candidate",
 ]
@@ -77,7 +79,7 @@ COMPARISON_STEPS = 1 + 2 * MIN_ROUNDS
 
 # what make_step reads, and each setting's value when the plan does not set it
 STEP_DEFAULTS: dict[str, Any] = {"precision": "32-true", "channels_last": False, "implementation": "for_loop",
-                                 "batch_scale": 1, "optimizer_only": False}  # fmt: skip
+                                 "batch_scale": 1, "optimizer_only": False, "compile": False}  # fmt: skip
 
 
 @dataclass
@@ -165,6 +167,8 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
     """One (or ``steps``) optimizer step(s) of a fresh copy of the model under ``plan``'s settings, built by
     :func:`~lightning_speedups.measure.make_train_step` with the model's own ``training_step`` as the loss."""
     model = model_copy(ctx.model, train=True).to(ctx.device)
+    if plan.get("compile"):
+        compile_like_the_fit(model)
     batch = move_data_to_device(_scaled(ctx.batch, int(plan.get("batch_scale", 1))), ctx.device)
     if plan.get("channels_last"):
         apply_channels_last(model, warn=False)  # 4-D tensors only (Module.to raises on a Conv3d's 5-D weight)
@@ -176,6 +180,16 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
                            steps=steps, grad_scaler=precision == "16-mixed",
                            optimizer_only=bool(plan.get("optimizer_only")), return_loss=False)  # fmt: skip
     return step  # type: ignore[return-value]
+
+
+def compile_like_the_fit(model: nn.Module) -> None:
+    """Compile ``model`` in place as the plan's :class:`~lightning_speedups.TorchCompile` compiles the fit's module:
+    the same targets and settings. ``torch.compile(model)`` would not do: its wrapper compiles ``forward`` only when
+    called itself, while a LightningModule's ``training_step`` calls ``self(x)`` on the plain module inside it."""
+    from lightning_speedups.callbacks.compile import TorchCompile  # the callback the plan adds for "compile"
+
+    callback = TorchCompile()
+    compile_model(model, attrs=callback.targets(model), config=callback.config)  # type: ignore[arg-type]
 
 
 def _trial_optimizer(ctx: TrialContext, model: nn.Module, implementation: str | None) -> torch.optim.Optimizer:

@@ -91,6 +91,12 @@ def _workloads_rows(payload: list[dict[str, Any]]) -> str:
             f"{wt.format_gain_checks(checks)}")
 
 
+def _ceiling_rows(payload: list[dict[str, Any]]) -> str:
+    from lightning_speedups.benchmarks.workloads_ceiling import format_summary
+
+    return format_summary(payload)
+
+
 def _batch_size_suite_rows(payload: list[dict[str, Any]]) -> str:
     from lightning_speedups.benchmarks.batch_size_suite import format_summary, summarize
 
@@ -127,6 +133,8 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads_setup_once.json": ("workloads", "The fit reuses the DataModule setup autotune ran", _workloads_rows),
     "workloads_box_seeds.json": ("workloads", "box_cnn on three more seeds", _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
+    "workloads_ceiling.json": ("workloads", "The most the candidates could gain, per task: an oracle's time to the "
+                               "target", _ceiling_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
                                        "at `precision=\"bf16-mixed\"`", _workloads_rows),
     "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
