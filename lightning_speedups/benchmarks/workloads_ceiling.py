@@ -206,7 +206,7 @@ def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool 
     step_s, ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in singles.items()}}, rounds)
     best, best_fp32 = _combo(singles, ratios, True), _combo(singles, ratios, False)
     combos = {"best": best} if best == best_fp32 else {"best": best, "best_fp32": best_fp32}
-    combo_s, combo_ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in combos.items()}},
+    _, combo_ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in combos.items()}},
                                   rounds)  # fmt: skip
     row: dict[str, Any] = {
         "task": w.name, "kind": w.kind, "split": w.split, "steps_to_target": steps or int(planned),
@@ -220,6 +220,7 @@ def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool 
         row[key] = {"plan": combos[name], "step_s": step_s["fp32"] / combo_ratios[name][0],
                     "ratio": combo_ratios[name]}  # fmt: skip
     if compile:
+        before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         with tempfile.TemporaryDirectory() as cache:  # a cold compile, as a user's first run has it
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
             try:
@@ -230,7 +231,10 @@ def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool 
                 if "best_fp32" not in combos:
                     row["compiled"]["best_fp32"] = row["compiled"]["best"]
             finally:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                if before is None:
+                    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                else:
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
     row.update(ceilings(row))
     return row
 
