@@ -135,6 +135,8 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
     "workloads_bf16_heldout.json": ("workloads", "The held-out tasks and the GPT on one CPU with bf16 units, first "
                                     "run", _workloads_rows),
+    "workloads_no_bf16_heldout.json": ("workloads", "The same tasks on the same CPU with `--no-bf16`, first run",
+                                       _workloads_rows),
     "workloads_ceiling.json": ("workloads", "The most the candidates could gain, per task: an oracle's time to the "
                                "target", _ceiling_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
