@@ -15,6 +15,7 @@ Example::
 """
 
 from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registration)
+    audio,
     denoising,
     images,
     localization,

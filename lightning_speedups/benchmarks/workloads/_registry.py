@@ -24,7 +24,7 @@ __all__ = [
 
 KINDS = ("image_cnn", "image_resnet", "image_transformer", "image_segmentation", "image_denoising",
          "image_localization", "transformer_lm", "transformer_cls", "transformer_mlm", "recurrent", "tabular",
-         "signal_cnn")  # fmt: skip
+         "signal_cnn", "audio_cnn")  # fmt: skip
 SPLITS = ("dev", "held_out")
 MODES = ("max", "min")
 
