@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.images import ImageClassifier
+from lightning_speedups.benchmarks.workloads.images import ImageClassifier, conv_bn_relu
 
 __all__ = [
     "KEYWORDS",
@@ -160,10 +160,7 @@ class KeywordSpotter(ImageClassifier):
 
 def keyword_cnn(num_classes: int = len(KEYWORDS), width: int = 24) -> nn.Sequential:
     """Four Conv2d-BN-ReLU blocks (3x3, max-pool 2 between them), global average pool, linear head."""
-
-    def block(c_in: int, c_out: int) -> list[nn.Module]:
-        return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
-
+    block = conv_bn_relu
     w = width
     return nn.Sequential(
         *block(1, w), nn.MaxPool2d(2),

@@ -21,7 +21,7 @@ from lightning_speedups.benchmarks.workloads._registry import Workload, register
 from lightning_speedups.demo import DigitsDataModule, ShapesDataModule
 from lightning_speedups.demo.data import _TransformDataset  # the demo's per-sample dataset, as benchmarks/data.py uses
 
-__all__ = ["ImageClassifier", "TexturesDataModule", "draw_textures", "small_cnn"]
+__all__ = ["ImageClassifier", "TexturesDataModule", "conv_bn_relu", "draw_textures", "small_cnn"]
 
 
 class ImageClassifier(L.LightningModule):
@@ -57,12 +57,14 @@ class ImageClassifier(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
+def conv_bn_relu(c_in: int, c_out: int) -> list[nn.Module]:
+    """A 3x3 convolution (no bias), batch norm and ReLU: the block the suite's plain conv nets stack."""
+    return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+
+
 def small_cnn(num_classes: int = 10, in_channels: int = 3, width: int = 32) -> nn.Sequential:
     """A VGG-style conv net like :class:`~lightning_speedups.demo.DemoClassifier` (5 conv-BN-ReLU blocks)."""
-
-    def block(c_in: int, c_out: int) -> list[nn.Module]:
-        return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
-
+    block = conv_bn_relu
     w = width
     return nn.Sequential(
         *block(in_channels, w), *block(w, w), nn.MaxPool2d(2),

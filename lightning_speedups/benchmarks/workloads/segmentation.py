@@ -21,7 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.images import ImageClassifier
+from lightning_speedups.benchmarks.workloads.images import ImageClassifier, conv_bn_relu
 
 __all__ = ["SCENE_CLASSES", "ScenesDataModule", "SegmentationModule", "UNet", "draw_scenes"]
 
@@ -142,10 +142,7 @@ class UNet(nn.Module):
 
 
 def _pair(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-    )  # fmt: skip
+    return nn.Sequential(*conv_bn_relu(c_in, c_out), *conv_bn_relu(c_out, c_out))
 
 
 class SegmentationModule(ImageClassifier):
