@@ -21,6 +21,7 @@ __all__ = [
     "BenchRow",
     "TimeToTarget",
     "TrainClock",
+    "comma_list",
     "interleaved_timings",
     "machine_info",
     "make_train_step",
@@ -29,6 +30,17 @@ __all__ = [
     "speed_ratio",
     "write_rows",
 ]
+
+
+def comma_list(value: str | None) -> list[str] | None:
+    """A command line's comma-separated names, blanks dropped; ``None`` when none were given.
+
+    Example::
+
+        >>> comma_list("gpt_stdlib, vit_shapes,"), comma_list(None)
+        (['gpt_stdlib', 'vit_shapes'], None)
+    """
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
 def write_rows(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:

@@ -21,7 +21,7 @@ import lightning as L
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_range
 from lightning_speedups.autotune import autotune
-from lightning_speedups.benchmarks._common import read_rows, write_rows
+from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
 from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.measure import machine_info
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-bf16", action="store_true", help="keep bf16 out of both runs")
     parser.add_argument("--small", action="store_true", help="smoke test: the workloads' small builds")
     args = parser.parse_args(argv)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    tasks = comma_list(args.tasks)
     try:
         rows = run_suite(tasks, args.json, args.reference_s, args.no_bf16, args.small)
     except SpeedupConfigError as err:

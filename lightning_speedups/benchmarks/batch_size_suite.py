@@ -38,7 +38,7 @@ from typing import Any
 import lightning as L
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
-from lightning_speedups.benchmarks._common import read_rows, write_rows
+from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks.batch_size import background_load
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
 from lightning_speedups.benchmarks.workloads._registry import Workload
@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-val", type=int, default=512, help="largest size for sweep and search (default 512)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 small tasks, sizes up to 32")
     args = parser.parse_args(argv)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    tasks = comma_list(args.tasks)
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:  # one line per row, not Lightning's lines per fit

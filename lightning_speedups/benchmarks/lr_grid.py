@@ -37,6 +37,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
+from lightning_speedups.benchmarks._common import comma_list
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
 from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.callbacks.lr_finder import LRFinder
@@ -377,10 +378,6 @@ def _ranges(s: dict[str, Any]) -> str:
     return f"{n}: {_fmt(s.get('best_range'), 2)} / {_fmt(s.get('finder_range'), 2)}"
 
 
-def _names(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m lightning_speedups.benchmarks.lr_grid``: run the grid and the finder, print the summary table."""
     import argparse
@@ -392,12 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 tasks, small builds, a few steps")
     args = parser.parse_args(argv)
     try:
-        seeds = [int(s) for s in _names(args.seeds) or []]
+        seeds = [int(s) for s in comma_list(args.seeds) or []]
     except ValueError:
         print(f"error: `--seeds`={args.seeds!r} is not a list of integers. Allowed values: e.g. 0,1,2", file=sys.stderr)
         return 2
     try:
-        rows = run_grid(_names(args.tasks), seeds, args.json, quick=args.quick)
+        rows = run_grid(comma_list(args.tasks), seeds, args.json, quick=args.quick)
     except SpeedupConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

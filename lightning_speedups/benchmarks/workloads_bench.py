@@ -51,7 +51,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
 from lightning_speedups.autotune import autotune
-from lightning_speedups.benchmarks._common import BenchRow, read_rows, write_rows
+from lightning_speedups.benchmarks._common import BenchRow, comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks._workloads_advisor import FIXES, advisor_findings, fix_for
 from lightning_speedups.benchmarks._workloads_table import format_gain_checks, format_summary, gain_checks, summarize
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
@@ -396,10 +396,6 @@ def _nan(value: float | None) -> float:
     return float("nan") if value is None else value
 
 
-def _names(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m lightning_speedups.benchmarks.workloads_bench``: run the suite, print the summary as markdown."""
     import argparse
@@ -419,13 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 tasks, one seed, small builds")
     args = parser.parse_args(argv)
     try:
-        seeds = [int(s) for s in _names(args.seeds) or []]
+        seeds = [int(s) for s in comma_list(args.seeds) or []]
     except ValueError:
         print(f"error: `--seeds`={args.seeds!r} is not a list of integers. Allowed values: e.g. 0,1,2", file=sys.stderr)
         return 2
     try:
-        rows = run_suite(_names(args.tasks), _names(args.methods) or METHODS, seeds, args.json, quick=args.quick,
-                         no_bf16=args.no_bf16)  # fmt: skip
+        rows = run_suite(comma_list(args.tasks), comma_list(args.methods) or METHODS, seeds, args.json,
+                         quick=args.quick, no_bf16=args.no_bf16)  # fmt: skip
     except SpeedupConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

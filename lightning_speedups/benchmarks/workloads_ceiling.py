@@ -41,7 +41,7 @@ from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups._peak import cpu_bf16_units
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.autotune.trials import TrialContext, make_step
-from lightning_speedups.benchmarks._common import read_rows, write_rows
+from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
 from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.measure import machine_info, median_interval
@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--small", action="store_true", help="smoke test: the workloads' small builds")
     args = parser.parse_args(argv)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    tasks = comma_list(args.tasks)
     try:
         rows = run_suite(tasks, args.json, args.baselines, args.rounds, args.no_bf16, args.small,
                          not args.no_compile)  # fmt: skip
