@@ -32,7 +32,7 @@ from lightning_speedups.autotune.plan import RunShape, TunePlan, build_plan
 from lightning_speedups.autotune.trials import CANDIDATES, Choice, TrialContext
 from lightning_speedups.measure import PlanCache, plan_key
 
-__all__ = ["autotune", "list_candidates"]
+__all__ = ["autotune", "list_candidates", "planned_steps"]
 
 
 def list_candidates() -> list[str]:
@@ -165,7 +165,7 @@ def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any
     loader = _train_loader(model, dm, loaders)
     batch = first_batch(loader)  # the global RNG is left as it was; the loader object is not changed
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
-    steps = _planned_steps(loader, trainer_kwargs)
+    steps = planned_steps(loader, trainer_kwargs)
     shapes = [list(t.shape) for t in flat_tensors(batch)]
     return _Run(loader, dm, loaders is None and dm is None, batch, device, steps, shapes,
                 _run_shape(loader, steps, shapes), setup_s)  # fmt: skip
@@ -201,7 +201,9 @@ def _train_loader(model: L.LightningModule, datamodule: Any, train_dataloaders: 
         ) from err
 
 
-def _planned_steps(loader: Any, trainer_kwargs: dict[str, Any]) -> int:
+def planned_steps(loader: Any, trainer_kwargs: dict[str, Any]) -> int:
+    """The optimizer steps a fit with ``trainer_kwargs`` runs on ``loader``: ``max_steps``, else the loader's length
+    (100 when it has none) times ``max_epochs`` (10 when unset)."""
     if trainer_kwargs.get("max_steps", -1) not in (-1, None):
         return int(trainer_kwargs["max_steps"])
     try:

@@ -41,6 +41,7 @@ from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups._peak import cpu_bf16_units
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.autotune.trials import TrialContext, make_step
+from lightning_speedups.autotune.tune import planned_steps
 from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
 from lightning_speedups.benchmarks.workloads._registry import Workload
@@ -196,12 +197,10 @@ def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool 
         loader = data.train_dataloader()
     else:
         loader = data if data is not None else model.train_dataloader()
-    kwargs = trainer_kwargs(w)
-    by_steps = kwargs.get("max_steps", -1) not in (-1, None)
-    planned = kwargs["max_steps"] if by_steps else len(loader) * kwargs["max_epochs"]
+    planned = planned_steps(loader, trainer_kwargs(w))  # as autotune counts the planned run
     notes = [] if steps is not None else ["no baseline row: the whole planned run counted as the steps to target"]
     batch = first_batch(loader)
-    ctx = TrialContext(model, batch, torch.device("cpu"), int(planned), 0.05, math.inf, {})
+    ctx = TrialContext(model, batch, torch.device("cpu"), planned, 0.05, math.inf, {})
     singles = _singles(ctx, no_bf16)
     step_s, ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in singles.items()}}, rounds)
     best, best_fp32 = _combo(singles, ratios, True), _combo(singles, ratios, False)
@@ -209,8 +208,8 @@ def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool 
     _, combo_ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in combos.items()}},
                                   rounds)  # fmt: skip
     row: dict[str, Any] = {
-        "task": w.name, "kind": w.kind, "split": w.split, "steps_to_target": steps or int(planned),
-        "planned_steps": int(planned), "loader_s": _loader_seconds(loader, LOADER_BATCHES), "step_s": step_s,
+        "task": w.name, "kind": w.kind, "split": w.split, "steps_to_target": steps or planned,
+        "planned_steps": planned, "loader_s": _loader_seconds(loader, LOADER_BATCHES), "step_s": step_s,
         "ratios": ratios, "bf16_units": cpu_bf16_units() if not no_bf16 else None, "machine": machine_info(),
         "notes": notes, "compiled": {},
     }  # fmt: skip
