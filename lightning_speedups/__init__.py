@@ -12,6 +12,7 @@ from lightning_speedups.autotune import TunePlan, autotune, list_candidates
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
 from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
 from lightning_speedups.callbacks.channels_last import ChannelsLast
+from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
 from lightning_speedups.callbacks.compile import TorchCompile
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
@@ -118,6 +119,7 @@ __all__ = [
     "register_technique",
     # callbacks
     "ChannelsLast",
+    "ChannelsLastTrial",
     "FineTuneConfig",
     "FineTuneFreezing",
     "Float8Training",

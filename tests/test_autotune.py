@@ -271,6 +271,39 @@ def test_a_cached_plan_keeps_the_device_data_twin(monkeypatch, tmp_path):
     assert x.shape == (8, 3, 32, 32) and y.shape == (8,)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_data_trial_times_fetches_alone_when_the_loader_runs_in_the_training_process(monkeypatch, workers):
+    # a loader without workers fetches between steps: a step costs its fetch plus the same step for both data paths,
+    # so the trial times the fetches and adds the plan's step, and runs no training step; with workers the fetch
+    # overlaps the step, and only a fetch beside the real step shows what is left of it
+    machine = FakeMachine({})
+    _patched(monkeypatch, machine)
+
+    def slow_collate(items):
+        machine.now += 2.0  # two steps' worth of host loading per batch, on the fake clock of this process
+        return torch.utils.data.default_collate(items)
+
+    loader = DataLoader(_loader().dataset, batch_size=8, collate_fn=slow_collate, num_workers=workers)
+    calls = {}
+    original = trials.TrialContext.compare
+
+    def counted(self, fns, baseline, share, min_gain=None, returns_time=False):
+        before = machine.calls
+        result = original(self, fns, baseline, share, min_gain, returns_time)
+        calls["steps"], calls["returns_time"] = machine.calls - before, returns_time
+        return result
+
+    monkeypatch.setattr(trials.TrialContext, "compare", counted)
+    plan = autotune(DemoClassifier(width=4), loader, candidates=["data"], methods=[], budget_s=500.0, cache=False,
+                    clock=machine.clock, max_epochs=1)  # fmt: skip
+    (choice,) = plan.choices
+    if workers == 0:  # (1 + 2) / (1 + 0): the fetch with the step added, against the twin's fetch (free here)
+        assert calls == {"steps": 0, "returns_time": True} and choice.chosen is True
+        assert choice.gain == pytest.approx(3.0, rel=0.15)
+    else:  # the worker's collate runs in another process, off the fake clock: no gain to see, none kept
+        assert calls["steps"] > 0 and not calls["returns_time"]
+
+
 def test_a_cached_plan_rebuilds_the_datamodule_twin(monkeypatch, tmp_path):
     # the demo-protocol datamodule: the plan that the cache says keeps the data on the device hands out a
     # device-resident datamodule, whose batches have the source's shapes

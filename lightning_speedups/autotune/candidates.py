@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._inputs import flat_tensors
+from lightning_speedups.autotune.budget import IN_FIT_MIN_STEPS, in_fit_layout
 from lightning_speedups.autotune.trials import (
     COMPARISON_STEPS,
     MIN_ROUNDS,
@@ -31,7 +32,7 @@ from lightning_speedups.autotune.trials import (
 )
 from lightning_speedups.measure import compare
 
-__all__ = ["BATCH_DOUBLING_COST", "ONLY_WHEN_NAMED"]
+__all__ = ["BATCH_DOUBLING_COST", "ONLY_WHEN_NAMED", "layout_in_fit"]
 
 # A doubled batch must raise samples/s by this factor (and the margin) to be kept. A step-time trial cannot see how
 # many more samples the larger batch needs to the target, and that varies by task; what holds on any task is the
@@ -102,8 +103,24 @@ def _channels_last_blocker(ctx: TrialContext) -> str | None:
     return None
 
 
+def layout_in_fit(ctx: TrialContext) -> bool:
+    """Whether channels_last is timed on the fit's own steps
+    (:class:`~lightning_speedups.callbacks.channels_last_trial.ChannelsLastTrial`) rather than offline: on a run of
+    at least :data:`~lightning_speedups.autotune.budget.IN_FIT_MIN_STEPS` steps whose budget cannot fit the compile
+    trial (a compiled step would be compiled again for the other layout). The layout changes no value, so the
+    trial's steps train as they measure and cost only the slower layout's extra time, where the offline comparison
+    spends 7 or more steps that train nothing."""
+    return ctx.planned_steps >= IN_FIT_MIN_STEPS and ctx.budget_left() < ctx.price("compile")
+
+
 def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
+    if layout_in_fit(ctx):
+        return in_fit_layout(ctx)
     return _decide(ctx, "channels_last", {"channels_last": {"channels_last": True}}, share)
+
+
+def _channels_last_price(ctx: TrialContext) -> float:
+    return 0.0 if layout_in_fit(ctx) else float(COMPARISON_STEPS)  # in the fit: no offline step at all
 
 
 def _optimizer_share(ctx: TrialContext) -> float:
@@ -211,7 +228,7 @@ def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, 
 
 for _name, _trial, _steps, _blocker in (
     ("precision", _precision, COMPARISON_STEPS, _precision_blocker),
-    ("channels_last", _channels_last, COMPARISON_STEPS, _channels_last_blocker),
+    ("channels_last", _channels_last, _channels_last_price, _channels_last_blocker),
     # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round
     ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS, _batch_size_blocker),
     # the least: the check of the optimizer's share of a step

@@ -57,32 +57,22 @@ def _data(ctx: TrialContext, share: float) -> Choice | None:
     if twin is None:  # the blocker said why
         return None
     kind, replacement = twin
-    step = ctx.step(ctx.plan)  # the step as the earlier trials left the plan: data's share of the final step
-    scale = int(ctx.plan.get("batch_scale", 1))
-
-    def loop(loader: Any) -> Callable[[], None]:
-        state: dict[str, Any] = {"it": None}
-
-        def fetch_and_step() -> None:  # the batches of one step fetched (a fresh pass when exhausted), one step
-            with torch.random.fork_rng(devices=[]):
-                for _ in range(scale):  # a step at batch_scale k takes k of the loader's batches
-                    if state["it"] is None:
-                        state["it"] = iter(loader)
-                    try:
-                        next(state["it"])
-                    except StopIteration:
-                        state["it"] = iter(loader)
-                        next(state["it"])
-            step()
-
-        return fetch_and_step
-
     if kind == "datamodule":
         replacement.trainer = None
         twin_loader = replacement.train_dataloader()
     else:
         twin_loader = replacement
-    result = ctx.compare({"current": loop(ctx.loader), "device": loop(twin_loader)}, "current", share)
+    scale = int(ctx.plan.get("batch_scale", 1))
+    if int(getattr(ctx.loader, "num_workers", 0) or 0) == 0:
+        # the loader runs in the training process, one batch after another step: a step costs its fetch plus the
+        # step, the same step for both. Only the fetches are timed, each with the plan's step added (its median,
+        # ``ctx.step_s``), so a round costs two fetches rather than two fetches and two steps
+        fns = {"current": _fetches(ctx, ctx.loader, scale), "device": _fetches(ctx, twin_loader, scale)}
+        result = ctx.compare(fns, "current", share, returns_time=True)
+    else:  # worker processes fetch while the step runs: only a fetch beside the real step shows what is left of it
+        step = ctx.step(ctx.plan)
+        fns = {"current": _fetches(ctx, ctx.loader, scale, step), "device": _fetches(ctx, twin_loader, scale, step)}
+        result = ctx.compare(fns, "current", share)
     keep = result.winner == "device"
     ctx.plan["device_data"] = keep
     if keep:
@@ -90,6 +80,32 @@ def _data(ctx: TrialContext, share: float) -> Choice | None:
     lo, mid, hi = result.ratios["device"]
     note = result.note or (f"data on the device: {mid:.2f}x per step" if keep else "the loader is not the bottleneck")
     return Choice("data", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note, changed=keep)
+
+
+def _fetches(ctx: TrialContext, loader: Any, scale: int, step: Callable[[], None] | None = None) -> Callable[[], Any]:
+    """One step's batches fetched from ``loader`` (``scale`` of them; a fresh pass when exhausted, the global RNG
+    forked), then ``step`` when given; without ``step`` the call returns the fetch's seconds plus ``ctx.step_s``."""
+    state: dict[str, Any] = {"it": None}
+
+    def fetch() -> float | None:
+        t0 = ctx.clock()
+        with torch.random.fork_rng(devices=[]):
+            for _ in range(scale):  # a step at batch_scale k takes k of the loader's batches
+                if state["it"] is None:
+                    state["it"] = iter(loader)
+                try:
+                    next(state["it"])
+                except StopIteration:
+                    state["it"] = iter(loader)
+                    next(state["it"])
+        if step is not None:
+            step()
+            return None
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()  # a device twin's augmentation runs asynchronously
+        return ctx.clock() - t0 + ctx.step_s
+
+    return fetch
 
 
 register_candidate(

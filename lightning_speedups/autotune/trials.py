@@ -130,10 +130,16 @@ class TrialContext:
         self.warm, self.step_s = (dict(plan), step), seconds
 
     def compare(
-        self, fns: Mapping[str, Callable[[], Any]], baseline: str, share: float, min_gain: float | None = None
+        self,
+        fns: Mapping[str, Callable[[], Any]],
+        baseline: str,
+        share: float,
+        min_gain: float | None = None,
+        returns_time: bool = False,
     ) -> Comparison:
         """:func:`~lightning_speedups.measure.compare` within ``share`` of the remaining budget (``min_gain``:
-        default ``margin``), after one untimed call of each function that :meth:`step` did not hand out warm."""
+        default ``margin``), after one untimed call of each function that :meth:`step` did not hand out warm
+        (``returns_time``: each call returns its own cost in seconds, as ``compare`` reads it)."""
         budget = max(self.budget_left() * share, 1e-3)
         t0 = self.clock()
         for fn in fns.values():
@@ -141,9 +147,9 @@ class TrialContext:
                 fn()  # first-call costs (lazy init, allocator), untimed
         budget = max(budget - (self.clock() - t0), 1e-3)
         gain = self.margin if min_gain is None else min_gain
-        return compare(
-            fns, baseline, min_gain=gain, budget_s=budget, min_rounds=MIN_ROUNDS, warmup=0, clock=self.clock, warn=False
-        )  # the plan row carries the note
+        # the plan row carries the note: no warning here
+        return compare(fns, baseline, min_gain=gain, budget_s=budget, min_rounds=MIN_ROUNDS, warmup=0,
+                       clock=self.clock, warn=False, returns_time=returns_time)  # fmt: skip
 
 
 def _same_plan(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:

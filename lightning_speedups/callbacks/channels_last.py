@@ -19,7 +19,7 @@ from lightning_speedups.functional.channels_last import (
     to_channels_last_,
 )
 
-__all__ = ["ChannelsLast"]
+__all__ = ["ChannelsLast", "contiguous_checkpoint"]
 
 
 class ChannelsLast(Callback):
@@ -113,12 +113,17 @@ class ChannelsLast(Callback):
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        # the layout is a runtime choice: save plain NCHW so any loader (safetensors, other frameworks) accepts it
-        state = checkpoint.get("state_dict")
-        if isinstance(state, dict):
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() == 4 and not value.is_contiguous():
-                    state[key] = value.contiguous()
+        contiguous_checkpoint(checkpoint)
+
+
+def contiguous_checkpoint(checkpoint: dict[str, Any]) -> None:
+    """Save the 4-D tensors of ``checkpoint["state_dict"]`` in plain NCHW, in place: the layout is a runtime choice,
+    and any loader (safetensors, other frameworks) accepts contiguous tensors."""
+    state = checkpoint.get("state_dict")
+    if isinstance(state, dict):
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 4 and not value.is_contiguous():
+                state[key] = value.contiguous()
 
 
 def _forward_pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

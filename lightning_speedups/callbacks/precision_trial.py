@@ -1,39 +1,31 @@
 """PrecisionTrial: the fit's own first training steps timed in fp32 and under bf16 autocast, the faster kept.
 
-An offline trial times copies of the model on one batch before the fit, and that time is lost to training. Here the
-trial *is* training: the first steps of the fit alternate between fp32 and bf16 autocast, each a real optimizer step
-on a real batch, timed from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, backward, optimizer step;
-data loading is outside). When the rounds settle (:func:`~lightning_speedups.measure.settle`, the rule of
-:func:`~lightning_speedups.measure.compare`), the rest of the fit runs the winner. What the trial costs is only the
-extra time of the slower option's steps, never the steps themselves, and a slower option is dropped once its extra
-time passes ``max_cost`` of the planned fit.
+The rounds, the decision and their cost are :class:`~lightning_speedups.callbacks._in_fit_trial.InFitTrial`'s: the
+trial trains while it measures, and costs only the extra time of the slower option's steps.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_speedups._errors import SpeedupConfigError, check_int, check_range
+from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._peak import NO_BF16_UNITS, cpu_bf16_units
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.measure import NoLossError, look_rounds, median, model_copy, settle, training_step_loss
+from lightning_speedups.callbacks._in_fit_trial import MIN_ROUNDS, InFitTrial
+from lightning_speedups.measure import NoLossError, model_copy, training_step_loss
 
-__all__ = ["PrecisionTrial"]
+__all__ = ["BF16", "FP32", "MIN_ROUNDS", "PrecisionTrial"]
 
 FP32, BF16 = "32-true", "bf16-mixed"
-MIN_ROUNDS = 3  # as autotune's comparisons: below 8 rounds the interval is the range, so all 3 must clear
 
 
-class PrecisionTrial(Callback):
+class PrecisionTrial(InFitTrial):
     """Time the fit's first steps in fp32 and under bf16 autocast, alternating, and train the rest in the faster.
 
     The Trainer runs in fp32 (``precision="32-true"``); the callback enters ``torch.autocast(dtype=bfloat16)`` around
@@ -75,6 +67,9 @@ class PrecisionTrial(Callback):
         >>> trainer = L.Trainer(callbacks=[PrecisionTrial()], logger=False)
     """
 
+    BASELINE, CANDIDATE = FP32, BF16
+    LABELS = {FP32: "fp32", BF16: "bf16"}
+
     def __init__(
         self,
         margin: float = 0.05,
@@ -84,28 +79,8 @@ class PrecisionTrial(Callback):
         clock: Callable[[], float] = time.perf_counter,
         on_decision: Callable[[PrecisionTrial], None] | None = None,
     ) -> None:
-        check_range("margin", margin, 0.0, 1.0, hint="0.05 keeps bf16 only when at least 5% faster")
-        check_int("max_rounds", max_rounds, MIN_ROUNDS, 1000)
-        check_range("max_cost", max_cost, 0.0, 1.0, low_inclusive=False, hint="0.02: 2% of the planned fit")
-        self.margin, self.max_rounds, self.max_cost, self.clock = float(margin), int(max_rounds), float(max_cost), clock
-        self.on_decision = on_decision
-        self.kept: str | None = None  # FP32 or BF16 once decided
-        self.times: dict[str, list[float]] = {FP32: [], BF16: []}  # complete rounds only
-        self.ratio: tuple[float, float, float] = (1.0, 1.0, 1.0)
-        self.note = ""
-        self.arm: str | None = None  # the option of the step running now (None: no autocast, untimed)
-        self._slot = 0  # optimizer steps since the fit (or the resume) started, while the rounds run
-        self._accumulate = 1  # batches per optimizer step: one step of an option is that many batches, timed together
-        self._group: tuple[int, float] = (0, 0.0)  # batches of the current step so far, and their seconds
-        self._pending: float | None = None  # the first half of a round
-        self._t0: float | None = None
+        super().__init__(margin, max_rounds, max_cost, clock=clock, on_decision=on_decision)
         self._autocast: torch.autocast | None = None
-        self._device_type = "cpu"
-        self._planned_steps = math.inf
-
-    @property
-    def rounds(self) -> int:
-        return len(self.times[FP32])
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -118,10 +93,7 @@ class PrecisionTrial(Callback):
                 "Trainer to let the trial choose, or drop PrecisionTrial to keep your precision."
             )
         self._device_type = trainer.strategy.root_device.type
-        why = self._unsupported()
-        if why is not None and self.kept is None:
-            self.kept, self.note = FP32, f"bf16 not tried: {why}"
-            rank_zero_info(f"PrecisionTrial: {self.note}; the fit runs in fp32.")
+        self._decide_unsupported(self._unsupported())
 
     def _unsupported(self) -> str | None:
         if self._device_type == "cpu":
@@ -131,136 +103,31 @@ class PrecisionTrial(Callback):
         return f"no bf16 autocast trial on {self._device_type!r} devices"
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._slot, self._pending, self._group = 0, None, (0, 0.0)  # a resumed trial warms both options up again
-        self._accumulate = max(1, int(trainer.accumulate_grad_batches))
-        self._planned_steps = float(trainer.estimated_stepping_batches)
+    def _check(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> str | None:
+        return _bf16_failure(pl_module, batch, batch_idx, self._device_type)  # one bf16 step on a copy first
 
-    def _arm_now(self) -> str | None:
-        if self.kept is not None:
-            return BF16 if self.kept == BF16 else None
-        if self._slot < 2:  # untimed first step of each option
-            return (FP32, BF16)[self._slot]
-        first = (FP32, BF16) if self.rounds % 2 == 0 else (BF16, FP32)  # alternate the order: no position bias
-        return first[(self._slot - 2) % 2]
-
-    def _enter(self) -> None:
-        if self._autocast is None:
+    @override
+    def _enter(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, option: str) -> None:
+        if option == BF16 and self._autocast is None:
             self._autocast = torch.autocast(self._device_type, dtype=torch.bfloat16)
             self._autocast.__enter__()
 
-    def _exit(self) -> None:
+    @override
+    def _leave(self) -> None:
         if self._autocast is not None:
             ctx, self._autocast = self._autocast, None
             ctx.__exit__(None, None, None)
 
-    def _now(self) -> float:
-        if self._device_type == "cuda":
-            torch.cuda.synchronize()
-        return self.clock()
-
-    @override
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if self.kept is None and self._slot == 1 and self._group[0] == 0:  # before the first bf16 step: one on a copy
-            why = _bf16_failure(pl_module, batch, batch_idx, self._device_type) if trainer.is_global_zero else None
-            why = trainer.strategy.broadcast(why, src=0)
-            if why is not None:
-                self.kept, self.note, self._t0 = FP32, f"kept fp32: {why}", None
-                self._decided(trainer)
-        self.arm = self._arm_now()
-        if self.arm == BF16:
-            self._enter()
-        self._t0 = self._now() if self.kept is None else None
-
     @override
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        self._exit()  # autocast covers the forward only; backward runs in the dtypes the forward chose
-
-    @override
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._exit()
-        if self._t0 is None:
-            return
-        seconds, self._t0 = self._now() - self._t0, None
-        batches, seconds = self._group[0] + 1, self._group[1] + seconds
-        if batches < self._accumulate:  # the option holds until the optimizer steps (gradient accumulation)
-            self._group = (batches, seconds)
-            return
-        self._group = (0, 0.0)
-        slot, self._slot = self._slot, self._slot + 1
-        if slot < 2:
-            return
-        if (slot - 2) % 2 == 0:
-            self._pending = seconds
-            return
-        first = (FP32, BF16) if self.rounds % 2 == 0 else (BF16, FP32)
-        self.times[first[0]].append(float(self._pending or 0.0))
-        self.times[first[1]].append(seconds)
-        self._pending = None
-        self._decide(trainer)
-
-    def _decide(self, trainer: L.Trainer) -> None:
-        """After each round: rank 0's decision (at the looks, or on cost), the same on every rank."""
-        decision = self._decision() if trainer.is_global_zero else None
-        decision = trainer.strategy.broadcast(decision, src=0)
-        if decision is None:
-            return
-        self.kept, self.ratio, self.note = decision[0], tuple(decision[1]), decision[2]
-        self._decided(trainer)
-
-    def _decided(self, trainer: L.Trainer) -> None:
-        rank_zero_info(f"PrecisionTrial: {self.note}")
-        if self.on_decision is not None and trainer.is_global_zero:
-            self.on_decision(self)
-
-    def _decision(self) -> tuple[str, tuple[float, float, float], str] | None:
-        """The option to keep, its ratio and the note, or ``None`` while the rounds go on."""
-        rounds, ratio = self.rounds, (1.0, 1.0, 1.0)
-        if rounds >= MIN_ROUNDS:
-            result = settle(self.times, FP32, min_gain=self.margin)
-            ratio = result.ratios[BF16]
-            if rounds >= self.max_rounds or (result.settled and rounds in look_rounds(MIN_ROUNDS, self.max_rounds)):
-                return self._verdict(result.winner, ratio)
-        extra = sum(self.times[BF16]) - sum(self.times[FP32])
-        allowed = self.max_cost * median(self.times[FP32]) * self._planned_steps
-        if extra > allowed:  # a slower bf16: more rounds only cost more
-            return (
-                FP32,
-                ratio,
-                (
-                    f"kept fp32: the bf16 steps took {extra:.2f}s more than the fp32 ones in {rounds} round(s), above "
-                    f"`max_cost`={self.max_cost:g} of the planned fit ({allowed:.2f}s)"
-                ),
-            )
-        return None
-
-    def _verdict(self, winner: str, ratio: tuple[float, float, float]) -> tuple[str, tuple[float, float, float], str]:
-        lo, mid, hi = ratio
-        if winner == BF16:
-            return (
-                BF16,
-                ratio,
-                f"kept bf16-mixed: {mid:.2f}x faster per step [{lo:.2f}, {hi:.2f}] in {self.rounds} rounds",
-            )
-        return (
-            FP32,
-            ratio,
-            (
-                f"kept fp32: bf16 ran at {mid:.2f}x [{lo:.2f}, {hi:.2f}] the fp32 speed in {self.rounds} rounds, not "
-                f"{1 + self.margin:.2f}x beyond noise"
-            ),
-        )
+        self._leave()  # autocast covers the forward only; backward runs in the dtypes the forward chose
 
     @override
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if self.kept == BF16:
-            self._enter()
+            self._enter(trainer, pl_module, batch, BF16)
 
     @override
     def on_validation_batch_end(
@@ -272,27 +139,7 @@ class PrecisionTrial(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._exit()
-
-    @override
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._exit()
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._exit()
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"kept": self.kept, "times": {k: list(v) for k, v in self.times.items()}, "ratio": list(self.ratio),
-                "note": self.note}  # fmt: skip
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.kept = state_dict["kept"]
-        self.times = {k: [float(x) for x in v] for k, v in state_dict["times"].items()}
-        self.ratio = tuple(state_dict["ratio"])  # type: ignore[assignment]
-        self.note = str(state_dict["note"])
+        self._leave()
 
 
 def _bf16_failure(pl_module: L.LightningModule, batch: Any, batch_idx: int, device_type: str) -> str | None:

@@ -21,6 +21,8 @@ __all__ = [
     "apply_channels_last",
     "count_conv2d",
     "is_channels_last",
+    "match_optimizer_layout",
+    "restore_contiguous",
     "to_channels_last",
     "to_channels_last_",
 ]
@@ -105,6 +107,68 @@ def apply_channels_last(module: nn.Module, warn: bool = True) -> ChannelsLastSum
                     sub._buffers[name] = buf.contiguous(memory_format=_CL)
                     changed += 1
     return ChannelsLastSummary(converted=True, num_conv=num_conv, num_tensors=changed)
+
+
+def restore_contiguous(module: nn.Module) -> int:
+    """Convert every 4-D parameter and buffer of ``module`` back to the default (NCHW) layout, in place: the inverse
+    of :func:`apply_channels_last`. Parameter objects are kept (only ``.data`` changes), as are values.
+
+    Returns:
+        The number of tensors whose layout changed.
+
+    Example::
+
+        >>> from lightning_speedups.demo import DemoClassifier
+        >>> model = DemoClassifier(width=8)
+        >>> _ = apply_channels_last(model)
+        >>> restore_contiguous(model) > 0, is_channels_last(model.backbone[0][0].weight)
+        (True, False)
+    """
+    changed = 0
+    with torch.no_grad():
+        for sub in module.modules():
+            for param in sub._parameters.values():
+                if param is not None and param.dim() == 4 and not param.is_contiguous():
+                    param.data = param.data.contiguous()
+                    if param.grad is not None and param.grad.dim() == 4:
+                        param.grad = param.grad.contiguous()
+                    changed += 1
+            for name, buf in sub._buffers.items():
+                if buf is not None and buf.dim() == 4 and not buf.is_contiguous():
+                    sub._buffers[name] = buf.contiguous()
+                    changed += 1
+    return changed
+
+
+def match_optimizer_layout(optimizer: torch.optim.Optimizer) -> int:
+    """Give the 4-D state tensors of ``optimizer`` (Adam's moments, SGD's momentum) their parameter's layout, in
+    place, after the parameters changed layout: the optimizer's elementwise kernels then read matching strides.
+    Values are unchanged.
+
+    Returns:
+        The number of state tensors whose layout changed.
+
+    Example::
+
+        >>> conv = nn.Conv2d(3, 4, 3)
+        >>> opt = torch.optim.Adam(conv.parameters())
+        >>> conv(torch.randn(1, 3, 8, 8)).sum().backward(); opt.step()
+        >>> _ = apply_channels_last(conv)
+        >>> match_optimizer_layout(opt), is_channels_last(opt.state[conv.weight]["exp_avg"])
+        (2, True)
+    """
+    changed = 0
+    for param, state in optimizer.state.items():
+        if not isinstance(param, torch.Tensor) or param.dim() != 4:
+            continue
+        layout = _CL if is_channels_last(param) and not param.is_contiguous() else torch.contiguous_format
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape and not value.is_contiguous(
+                memory_format=layout
+            ):
+                state[key] = value.contiguous(memory_format=layout)
+                changed += 1
+    return changed
 
 
 def _convert(t: torch.Tensor) -> torch.Tensor:

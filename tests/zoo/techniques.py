@@ -298,6 +298,9 @@ EFFECTS: dict[str, Effect] = {
     "precision_trial": lambda model, cbs, dense: (
         None if (t := _find(cbs, ls.PrecisionTrial)).rounds or t.kept else "no round timed and no precision kept"
     ),
+    "channels_last_trial": lambda model, cbs, dense: (
+        None if (t := _find(cbs, ls.ChannelsLastTrial)).rounds or t.kept else "no round timed and no layout kept"
+    ),
     "finetune": _effect_attr(ls.FineTuneFreezing, "groups", "no layer group was frozen"),
     "finetune_gradual": _effect_lr_decay,
     "label_smoothing": _effect_smoothing,
