@@ -48,6 +48,7 @@ TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "advisor": ("techniques/advisor", ("advisor",)),
     "batch_size_finder": ("techniques/batch_size_finder", ("batch_size_finder",)),
     "channels_last": ("techniques/channels_last", ("channels_last",)),
+    "channels_last_trial": ("techniques/channels_last", ()),
     "compile": ("techniques/compile", ("compile",)),
     "optim": ("techniques/optim", ("optim",)),
     "finetune": ("techniques/finetune", ("finetune",)),

@@ -21,6 +21,7 @@ from lightning_speedups.callbacks.channels_last import contiguous_checkpoint
 from lightning_speedups.functional.channels_last import (
     apply_channels_last,
     count_conv2d,
+    is_channels_last,
     match_optimizer_layout,
     restore_contiguous,
     to_channels_last,
@@ -95,7 +96,7 @@ class ChannelsLastTrial(InFitTrial):
         if stage != "fit":
             return
         self._device_type = trainer.strategy.root_device.type
-        self.layout = NCHW  # a fresh (or reloaded) module is in NCHW; a kept channels_last returns at fit start
+        self.layout = _layout_of(pl_module)  # a kept channels_last returns at fit start, once the optimizer exists
         if count_conv2d(pl_module) == 0:
             self._decide_unsupported(f"`{type(pl_module).__name__}` has no 2-D convolution")
         if self._hook is None:
@@ -150,6 +151,15 @@ class ChannelsLastTrial(InFitTrial):
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles callbacks: the hook's handle stays here
         return {**self.__dict__, "_hook": None}
+
+
+def _layout_of(module: L.LightningModule) -> str:
+    """The layout ``module``'s 4-D weights are in now: channels_last when any is (and is not also NCHW, as 1x1 and
+    depthwise kernels are), else NCHW."""
+    for param in module.parameters():
+        if param.dim() == 4 and is_channels_last(param) and not param.is_contiguous():
+            return NHWC
+    return NCHW
 
 
 register_technique(

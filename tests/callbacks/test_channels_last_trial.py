@@ -129,6 +129,16 @@ def test_channels_last_trial_stops_a_slow_layout_within_its_cost():
     assert sum(model.train_layout) == 2
 
 
+def test_channels_last_trial_times_nchw_on_a_model_already_in_channels_last():
+    from lightning_speedups.functional.channels_last import apply_channels_last
+
+    model, trial = Conv(nhwc_cost=1.0), ChannelsLastTrial(clock=fake_clock)
+    apply_channels_last(model)  # the user converted it before the fit: the NCHW steps must still be NCHW
+    _fit(model, [trial], 16)
+    assert model.train_layout[:8] == [False, True, False, True, True, False, False, True]
+    assert trial.kept == NCHW and model.net[0].weight.is_contiguous()
+
+
 def test_channels_last_trial_spends_no_step_on_a_model_without_conv():
     class Dense(Conv):
         def __init__(self) -> None:

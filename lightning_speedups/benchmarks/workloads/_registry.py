@@ -22,7 +22,7 @@ __all__ = [
     "trainer_kwargs",
 ]
 
-KINDS = ("image_cnn", "image_resnet", "image_transformer", "image_segmentation", "image_denoising",
+KINDS = ("image_cnn", "image_resnet", "image_convnext", "image_transformer", "image_segmentation", "image_denoising",
          "image_localization", "transformer_lm", "transformer_cls", "transformer_mlm", "recurrent", "tabular",
          "signal_cnn", "audio_cnn")  # fmt: skip
 SPLITS = ("dev", "held_out")
