@@ -344,6 +344,52 @@ def test_the_optimizer_kernel_is_tried_only_where_its_share_of_the_step_could_pa
         assert "below the 5% margin" in choice.note
 
 
+_TICKS: dict[str, FakeMachine] = {}  # the fake machine the costly layers advance (model copies share it)
+
+
+class _CostlyConv(torch.nn.Conv2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _TICKS["machine"].now += self.cost
+        return super().forward(x)
+
+
+class _CostlyLinear(torch.nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _TICKS["machine"].now += self.cost
+        return super().forward(x)
+
+
+class _PatchNet(DemoClassifier):
+    """A conv patch embedding (4-D in) before a costly token mixer (3-D in), as in a ViT; each layer advances the
+    fake clock by its cost per forward."""
+
+    def __init__(self, conv_cost: float, mixer_cost: float) -> None:
+        super().__init__(width=4)
+        conv, mixer = _CostlyConv(3, 8, 8, stride=8), _CostlyLinear(16, 16)
+        conv.cost, mixer.cost = conv_cost, mixer_cost
+        self.backbone = torch.nn.Sequential(conv, torch.nn.Flatten(2), mixer, torch.nn.Flatten())
+        self.head = torch.nn.Linear(128, 10)
+
+
+@pytest.mark.parametrize(("conv_cost", "tried"), [(0.01, False), (0.5, True)])
+def test_channels_last_is_tried_only_where_the_work_on_4d_tensors_could_pay(monkeypatch, conv_cost, tried):
+    # a patch embedding that is 1% of the forward (a ViT's) cannot make a step 5% faster even at zero cost: the 7-step
+    # comparison, which trains nothing, is not run; at a third of the forward it can, and the fake 2x is kept
+    machine = FakeMachine({"channels_last": 0.5})
+    _patched(monkeypatch, machine)
+    monkeypatch.setitem(_TICKS, "machine", machine)
+    plan = autotune(_PatchNet(conv_cost, 1.0), _loader(), candidates=["channels_last"], methods=[], cache=False, clock=machine.clock,
+                    budget_s=2000.0, max_epochs=1)  # fmt: skip
+    (choice,) = plan.choices
+    if tried:
+        assert choice.chosen is True and choice.trials >= 3
+    else:
+        assert choice.chosen is False and choice.trials == 0 and machine.calls == 4  # the sizing steps only
+        assert re.match(r"channels_last not tried: the layers that take 4-D tensors are 1\.0% of a forward pass, "
+                        r"so even free they would make a step at most 1\.010x faster, below the 5% margin",
+                        choice.note)  # fmt: skip
+
+
 def test_the_optimizer_only_step_leaves_the_users_model_untouched():
     # the optimizer-only step runs on a copy of the model, with the gradients of one training step
     model = DemoClassifier(width=4)

@@ -21,19 +21,11 @@ from lightning_speedups.measure import PlanCache
 from tests.test_autotune import FakeMachine, _fake_tune, _loader, _patched
 
 
-def _layout_offline(monkeypatch) -> None:
-    """channels_last timed offline, as on a run whose budget fits the compile trial (a compiled step could not
-    switch layouts): the budget tests below use it as their 7-step offline candidate."""
-    from lightning_speedups.autotune import candidates
-
-    monkeypatch.setattr(candidates, "layout_in_fit", lambda ctx: False)
-
-
 def test_a_2x_candidate_on_a_half_second_step_is_measured_within_5_percent_of_a_two_minute_run(monkeypatch):
     # issue 23: 5% of a 2-minute run (240 steps of 0.5 s) is 6 s; the 4 sizing steps take 2 s, and one comparison was
-    # priced at 2 x (1 + 5) steps = 6 s, so a 2x candidate was never tried. Offline: 1 + 2 x 3 steps = 3.5 s, and the
-    # warm sizing copy is the baseline: measured, kept, within the budget
-    _layout_offline(monkeypatch)
+    # priced at 2 x (1 + 5) steps = 6 s, so a 2x candidate was never tried. Now: 1 + 2 x 3 steps = 3.5 s, and the warm
+    # sizing copy is the baseline: measured, kept, within the budget (channels_last: an offline candidate; precision
+    # is timed in the fit on such a run, next test)
     machine = FakeMachine({"32-true": 0.5, "channels_last": 0.5})
     plan = _fake_tune(monkeypatch, machine, ["channels_last"], max_steps=240)
     (choice,) = plan.choices
@@ -43,50 +35,20 @@ def test_a_2x_candidate_on_a_half_second_step_is_measured_within_5_percent_of_a_
     assert not any("not tried" in n for n in plan.notes)
 
 
-def test_channels_last_is_timed_in_the_fit_on_a_run_long_enough_for_it(monkeypatch):
-    # the same run by default: the layout changes no value, so the fit's own first steps time it (ChannelsLastTrial)
-    # and train as they measure; no offline step beyond the 4 sizing ones, and the gain counts once the fit decides
-    from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
-
-    machine = FakeMachine({"32-true": 0.5, "channels_last": 0.5})
-    plan = _fake_tune(monkeypatch, machine, ["channels_last"], max_steps=240)
-    assert [(c.name, c.chosen) for c in plan.choices] == [("channels_last", "in-fit trial")]
-    assert machine.calls == 4 and not any("not tried" in n for n in plan.notes)
-    (trial,) = [cb for cb in plan.callbacks if isinstance(cb, ChannelsLastTrial)]
-    assert plan.gain == 1.0 and "the layout changes no value" in plan.choices[0].note
-    trial.kept, trial.ratio = "channels_last", (1.8, 2.0, 2.2)
-    assert plan.gain == pytest.approx(2.0)
-    # offline where the in-fit trial cannot pay its steps (a short run), or where the budget fits the compile trial
-    short = _fake_tune(monkeypatch, FakeMachine({"channels_last": 0.5}), ["channels_last"], budget_s=60.0, max_steps=40)
-    assert short.choices[0].chosen is True and not any(isinstance(c, ChannelsLastTrial) for c in short.callbacks)
-    long = _fake_tune(monkeypatch, FakeMachine({"channels_last": 0.5}), ["channels_last"], budget_s=600.0,
-                      max_steps=240)  # fmt: skip
-    assert long.choices[0].chosen is True
-
-
 def test_precision_is_timed_in_the_fit_by_default_on_a_run_long_enough_for_it(monkeypatch):
     # a CPU with bf16 units and 240 planned steps: no offline precision step (the fit's own steps time it, and train),
     # so the whole budget goes to the other candidates; the plan's gain counts bf16 once the fit has decided
-    from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
     from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 
     machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25, "channels_last": 0.5})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], max_steps=240)
-    assert [(c.name, c.chosen) for c in plan.choices] == [("precision", "in-fit trial"),
-                                                          ("channels_last", "in-fit trial")]  # fmt: skip
-    assert plan.trainer_kwargs["precision"] == "32-true" and machine.calls == 4
-    assert "other candidates are timed in fp32" in plan.choices[0].note
-    # the precision trial first: the layout trial waits for its decision
-    assert [type(cb) for cb in plan.callbacks] == [PrecisionTrial, ChannelsLastTrial]
-    trial = plan.callbacks[0]
-    assert plan.gain == 1.0  # nothing decided yet
-    trial.kept, trial.ratio = "bf16-mixed", (1.2, 1.3, 1.4)
-    assert plan.gain == pytest.approx(1.3)
-    _layout_offline(monkeypatch)
-    plan = _fake_tune(monkeypatch, FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25, "channels_last": 0.5}),
-                      ["precision", "channels_last"], max_steps=240)  # fmt: skip
     assert [(c.name, c.chosen) for c in plan.choices] == [("precision", "in-fit trial"), ("channels_last", True)]
+    assert plan.trainer_kwargs["precision"] == "32-true" and machine.calls < 4 + COMPARISON_STEPS * 2
+    assert "other candidates are timed in fp32" in plan.choices[0].note
+    (trial,) = [cb for cb in plan.callbacks if isinstance(cb, PrecisionTrial)]
     assert plan.gain == pytest.approx(2.0, rel=0.2)  # channels_last's; bf16 not decided yet
+    trial.kept, trial.ratio = "bf16-mixed", (1.2, 1.3, 1.4)
+    assert plan.gain == pytest.approx(2.0 * 1.3, rel=0.2)
     # offline where the in-fit trial cannot time every option or pay its steps: a short run, or no_bf16
     short = _fake_tune(monkeypatch, FakeMachine({"bf16-mixed": 0.5}), ["precision"], budget_s=60.0, max_steps=40)
     assert short.choices[0].chosen == "bf16-mixed" and short.trainer_kwargs["precision"] == "bf16-mixed"
@@ -125,42 +87,9 @@ def test_the_fits_precision_decision_is_cached_and_a_later_run_starts_in_it(monk
         trial.on_decision(trial)
 
 
-def test_the_fits_layout_decision_is_cached_beside_its_precision_decision(monkeypatch, tmp_path):
-    # both in-fit trials write their decisions into the one cached plan: the next call sets the Trainer's precision,
-    # adds ChannelsLast (not the trial), and carries both measured ratios
-    from lightning_speedups.callbacks.channels_last import ChannelsLast
-    from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
-
-    machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25, "channels_last": 0.5})
-    kw = dict(candidates=["precision", "channels_last"], methods=[], cache_dir=tmp_path, clock=machine.clock,
-              max_steps=240)  # fmt: skip
-    _patched(monkeypatch, machine)
-    precision, layout = autotune(DemoClassifier(width=4), _loader(), **kw).callbacks
-    assert layout.on_decision.name == "channels_last" and precision.on_decision.name == "precision"
-    precision.kept, precision.ratio, precision.note = "bf16-mixed", (1.2, 1.3, 1.4), "kept bf16-mixed"
-    precision.on_decision(precision)
-    layout.kept, layout.ratio, layout.note = "channels_last", (1.1, 1.2, 1.3), "kept channels_last"
-    layout.times = {"contiguous": [1.0] * 3, "channels_last": [0.83] * 3}
-    layout.on_decision(layout)
-    decided = autotune(DemoClassifier(width=4), _loader(), **kw)
-    assert decided.from_cache and decided.trainer_kwargs["precision"] == "bf16-mixed"
-    assert [type(cb) for cb in decided.callbacks] == [ChannelsLast]
-    assert [(c.name, c.chosen) for c in decided.choices] == [("precision", "bf16-mixed"), ("channels_last", True)]
-    assert decided.choices[1].trials == 3 and decided.gain == pytest.approx(1.3 * 1.2)
-    # a layout trial that kept NCHW: cached as no channels_last, no callback
-    layout.kept, layout.ratio = "contiguous", (0.9, 1.0, 1.1)
-    PlanCache(tmp_path).put(layout.on_decision.key, {**PlanCache(tmp_path).get(layout.on_decision.key),
-                                                     "settings": {"channels_last_trial": True}})  # fmt: skip
-    layout.on_decision(layout)
-    kept = autotune(DemoClassifier(width=4), _loader(), **kw)
-    assert not kept.callbacks and kept.choices[1].chosen is False and not kept.choices[1].changed
-    assert not any(isinstance(cb, ChannelsLastTrial) for cb in kept.callbacks)
-
-
 def test_the_rest_of_a_small_budget_goes_on_in_order_and_the_note_says_what_was_left_and_what_one_needs(monkeypatch):
     # the same 6 s with the offline candidates: channels_last (2x) first, then nothing else fits; the note prices the
     # next comparison at 7 steps of the *new* (channels_last) step, names what was left, and the budget_s that fits it
-    _layout_offline(monkeypatch)
     machine = FakeMachine({"32-true": 0.5, "channels_last": 0.5, "foreach": 0.5, "optimizer_only": 0.9})
     plan = _fake_tune(monkeypatch, machine, ["channels_last", "batch_size", "optimizer"], max_steps=240)
     assert [c.name for c in plan.choices] == ["channels_last"] and plan.choices[0].chosen is True
@@ -281,7 +210,6 @@ def test_precision_that_the_budget_cannot_fit_is_timed_on_the_fits_own_steps(mon
     from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 
     monkeypatch.setattr(tune, "precision_in_fit", lambda ctx: False)  # as on a GPU: offline first (16-mixed too)
-    _layout_offline(monkeypatch)
     machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], budget_s=2.5, max_steps=240)
     assert [c.name for c in plan.choices] == ["precision"] and plan.choices[0].chosen == "in-fit trial"

@@ -10,7 +10,6 @@ warm-up call and three rounds of both), and gets an even share of what is left, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +18,10 @@ from lightning_speedups.autotune.trials import APPLIES, BLOCKERS, CANDIDATES, Ch
 __all__ = [
     "IN_FIT",
     "IN_FIT_MIN_STEPS",
-    "IN_FIT_SETTINGS",
     "SIZING_STEPS",
     "InFitRecord",
     "Skipped",
     "budget_note",
-    "in_fit_layout",
     "in_fit_precision",
     "precision_in_fit",
     "run_candidates",
@@ -124,35 +121,15 @@ def in_fit_precision(ctx: TrialContext, *, by_default: bool = False) -> Choice:
     return Choice("precision", IN_FIT, ["32-true", "bf16-mixed"], 1.0, (1.0, 1.0), 0, note, changed=True)
 
 
-def in_fit_layout(ctx: TrialContext) -> Choice:
-    """The channels_last choice timed on the fit's own first steps
-    (:class:`~lightning_speedups.callbacks.channels_last_trial.ChannelsLastTrial`, in the plan's callbacks, after
-    the precision trial when there is one)."""
-    ctx.plan["channels_last_trial"] = True
-    note = ("channels_last timed against NCHW on the fit's own first steps (ChannelsLastTrial), after the precision "
-            "trial: the layout changes no value, so those steps train as they measure and cost only the slower "
-            "layout's extra time (at most 2% of the fit)")  # fmt: skip
-    return Choice("channels_last", IN_FIT, [False, True], 1.0, (1.0, 1.0), 0, note, changed=True)
-
-
-# per in-fit trial (its choice's name): the plan's setting that holds the trial, and the settings its decision sets
-IN_FIT_SETTINGS: dict[str, tuple[str, Callable[[str], dict[str, Any]]]] = {
-    "precision": ("precision_trial", lambda kept: {"precision": kept}),
-    "channels_last": ("channels_last_trial", lambda kept: {"channels_last": kept == "channels_last"}),
-}
-
-
 @dataclass(frozen=True)
 class InFitRecord:
-    """Writes an in-fit trial's decision into the cached plan ``key`` under ``cache_dir`` (the ``on_decision`` of
-    :class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial` and
-    :class:`~lightning_speedups.callbacks.channels_last_trial.ChannelsLastTrial`, the choice ``name``): a later run
-    of the plan then starts in the kept option, with the measured ratio, and spends no step on the trial. Plain
-    strings, so it pickles under ``ddp_spawn``; a failed write warns and the fit goes on."""
+    """Writes the in-fit precision decision into the cached plan ``key`` under ``cache_dir``
+    (:class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial`'s ``on_decision``): a later run of the
+    plan then starts in the kept precision, with the measured ratio, and spends no step on the trial. Plain strings,
+    so it pickles under ``ddp_spawn``; a failed write warns and the fit goes on."""
 
     cache_dir: str
     key: str
-    name: str = "precision"
 
     def __call__(self, trial: Any) -> None:
         import warnings
@@ -162,33 +139,26 @@ class InFitRecord:
         store = PlanCache(self.cache_dir)
         try:
             entry = store.get(self.key)
-            if entry is None or not entry.get("settings", {}).get(IN_FIT_SETTINGS[self.name][0]):
+            if entry is None or not entry.get("settings", {}).get("precision_trial"):
                 return  # the entry is gone or already decided
-            store.put(self.key, _decided_entry(entry, self.name, trial))
+            store.put(self.key, _decided_entry(entry, trial.kept, tuple(trial.ratio), trial.rounds, trial.note))
         except (OSError, KeyError, TypeError, ValueError) as err:  # the cache, never the user's fit, pays for it
-            warnings.warn(f"autotune: the in-fit {self.name} decision was not cached ({type(err).__name__}: {err}); "
+            warnings.warn(f"autotune: the in-fit precision decision was not cached ({type(err).__name__}: {err}); "
                           "the next run times it again", stacklevel=2)  # fmt: skip
 
 
-def _decided_entry(entry: dict[str, Any], name: str, trial: Any) -> dict[str, Any]:
-    """The cached plan ``entry`` with its in-fit choice ``name`` replaced by the fit's decision: the decided
-    settings set, the trial's setting gone, and the choice holding the measured ratio."""
-    setting, decided = IN_FIT_SETTINGS[name]
-    settings = {k: v for k, v in entry["settings"].items() if k != setting}
-    settings.update(decided(trial.kept))
-    changed = trial.kept == trial.CANDIDATE
-    lo, mid, hi = trial.ratio
-    chosen = settings[name] if name in settings else trial.kept
-    choice = Choice(name, chosen, _options(entry, name), mid if changed else 1.0, (lo, hi) if changed
-                    else (1.0, 1.0), trial.rounds, f"{trial.note} (timed on the fit's own steps)",
-                    changed=changed).as_dict()  # fmt: skip
-    choices = [choice if c.get("name") == name else c for c in entry["choices"]]
+def _decided_entry(entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
+                  ) -> dict[str, Any]:  # fmt: skip
+    """The cached plan ``entry`` with its in-fit precision replaced by the fit's decision: the Trainer's
+    ``precision`` set, no ``PrecisionTrial``, and the precision choice holding the measured ratio."""
+    settings = {k: v for k, v in entry["settings"].items() if k != "precision_trial"}
+    settings["precision"] = kept
+    bf16 = kept != "32-true"
+    lo, mid, hi = ratio
+    choice = Choice("precision", kept, ["32-true", "bf16-mixed"], mid if bf16 else 1.0, (lo, hi) if bf16 else
+                    (1.0, 1.0), rounds, f"{note} (timed on the fit's own steps)", changed=bf16).as_dict()  # fmt: skip
+    choices = [choice if c.get("name") == "precision" else c for c in entry["choices"]]
     return {**entry, "settings": settings, "choices": choices}
-
-
-def _options(entry: dict[str, Any], name: str) -> list[Any]:
-    """The options of the cached choice ``name`` (empty when the entry has none)."""
-    return next((list(c.get("options", [])) for c in entry["choices"] if c.get("name") == name), [])
 
 
 def _listed(values: list[tuple[str, float]]) -> str | None:

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import nn
 
 from lightning_speedups._inputs import flat_tensors
-from lightning_speedups.autotune.budget import IN_FIT_MIN_STEPS, in_fit_layout
 from lightning_speedups.autotune.trials import (
     COMPARISON_STEPS,
     MIN_ROUNDS,
@@ -30,9 +30,9 @@ from lightning_speedups.autotune.trials import (
     TrialContext,
     register_candidate,
 )
-from lightning_speedups.measure import compare
+from lightning_speedups.measure import compare, model_copy, training_step_loss
 
-__all__ = ["BATCH_DOUBLING_COST", "ONLY_WHEN_NAMED", "layout_in_fit"]
+__all__ = ["BATCH_DOUBLING_COST", "ONLY_WHEN_NAMED"]
 
 # A doubled batch must raise samples/s by this factor (and the margin) to be kept. A step-time trial cannot see how
 # many more samples the larger batch needs to the target, and that varies by task; what holds on any task is the
@@ -103,24 +103,53 @@ def _channels_last_blocker(ctx: TrialContext) -> str | None:
     return None
 
 
-def layout_in_fit(ctx: TrialContext) -> bool:
-    """Whether channels_last is timed on the fit's own steps
-    (:class:`~lightning_speedups.callbacks.channels_last_trial.ChannelsLastTrial`) rather than offline: on a run of
-    at least :data:`~lightning_speedups.autotune.budget.IN_FIT_MIN_STEPS` steps whose budget cannot fit the compile
-    trial (a compiled step would be compiled again for the other layout). The layout changes no value, so the
-    trial's steps train as they measure and cost only the slower layout's extra time, where the offline comparison
-    spends 7 or more steps that train nothing."""
-    return ctx.planned_steps >= IN_FIT_MIN_STEPS and ctx.budget_left() < ctx.price("compile")
+def _layout_share(ctx: TrialContext) -> float:
+    """The share of a forward pass (the model's ``training_step`` without grad) spent in the leaf modules that take
+    a 4-D tensor: the convolutions and the norms, poolings and activations between them, the only work channels_last
+    can change. Timed with hooks on a copy, after one untimed pass; 1.0 where it cannot be timed (on a GPU, whose
+    kernels run asynchronously, or where the clock did not advance)."""
+    if ctx.device.type != "cpu":
+        return 1.0
+    model = model_copy(ctx.model, train=True).to(ctx.device)
+    batch = move_data_to_device(ctx.batch, ctx.device)
+    spent, starts = [0.0], {}
+
+    def before(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in args):
+            starts[id(module)] = ctx.clock()
+
+    def after(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        t0 = starts.pop(id(module), None)
+        if t0 is not None:
+            spent[0] += ctx.clock() - t0
+
+    leaves = [m for m in model.modules() if next(m.children(), None) is None]
+    handles = [h for m in leaves for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            training_step_loss(model, batch, 0, quiet=True)  # untimed: first-call costs
+            spent[0] = 0.0
+            t0 = ctx.clock()
+            training_step_loss(model, batch, 0, quiet=True)
+            total = ctx.clock() - t0
+    finally:
+        for handle in handles:
+            handle.remove()
+    return min(1.0, spent[0] / total) if total > 0 else 1.0
 
 
 def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
-    if layout_in_fit(ctx):
-        return in_fit_layout(ctx)
+    # Amdahl first, as for the optimizer kernel: channels_last changes only the work on 4-D tensors. Where that is so
+    # small a share of the step that even free it could not clear the margin (a ViT's patch embedding), the 7-step
+    # comparison, which trains nothing, is not run
+    part = _layout_share(ctx)
+    bound = 1.0 / (1.0 - part) if part < 1.0 else float("inf")
+    if bound < 1.0 + ctx.margin:
+        note = (f"channels_last not tried: the layers that take 4-D tensors are {part:.1%} of a forward pass, so "
+                f"even free they would make a step at most {bound:.3f}x faster, below the {ctx.margin:.0%} "
+                "margin")  # fmt: skip
+        return Choice("channels_last", False, ["current", "channels_last"], 1.0, (1.0, 1.0), 0, note)
     return _decide(ctx, "channels_last", {"channels_last": {"channels_last": True}}, share)
-
-
-def _channels_last_price(ctx: TrialContext) -> float:
-    return 0.0 if layout_in_fit(ctx) else float(COMPARISON_STEPS)  # in the fit: no offline step at all
 
 
 def _optimizer_share(ctx: TrialContext) -> float:
@@ -228,7 +257,7 @@ def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, 
 
 for _name, _trial, _steps, _blocker in (
     ("precision", _precision, COMPARISON_STEPS, _precision_blocker),
-    ("channels_last", _channels_last, _channels_last_price, _channels_last_blocker),
+    ("channels_last", _channels_last, COMPARISON_STEPS, _channels_last_blocker),
     # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round
     ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS, _batch_size_blocker),
     # the least: the check of the optimizer's share of a step

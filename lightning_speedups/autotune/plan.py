@@ -54,24 +54,21 @@ class TunePlan:
         """The product of the changed choices' measured step-time ratios, an estimate of the whole plan's gain.
 
         It multiplies the trials' gains and the methods' per-step costs (the EMA's update, below 1), so a kept
-        method's cost is not left out. A choice timed in the fit (``"in-fit trial"``: precision, layout) counts 1.0
-        until the fit has decided, then its measured ratio when it kept bf16 or channels_last."""
+        method's cost is not left out. A precision timed in the fit (``"in-fit trial"``) counts 1.0 until the fit has
+        decided, then its measured ratio when it kept bf16."""
         total = 1.0
         for choice in self.choices:
-            if choice.chosen == IN_FIT:
-                total *= self._in_fit_gain(choice.name)
+            if choice.name == "precision" and choice.chosen == IN_FIT:
+                total *= self._in_fit_precision_gain()
             else:
                 total *= choice.gain if choice.changed else 1.0
         return total
 
-    def _in_fit_gain(self, name: str) -> float:
-        """The measured ratio of the in-fit trial of choice ``name`` where it kept its candidate, else 1.0."""
-        from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
-        from lightning_speedups.callbacks.precision_trial import PrecisionTrial
+    def _in_fit_precision_gain(self) -> float:
+        from lightning_speedups.callbacks.precision_trial import BF16, PrecisionTrial
 
-        kind = PrecisionTrial if name == "precision" else ChannelsLastTrial
-        trial = next((cb for cb in self.callbacks if isinstance(cb, kind)), None)
-        return float(trial.ratio[1]) if trial is not None and trial.kept == trial.CANDIDATE else 1.0
+        trial = next((cb for cb in self.callbacks if isinstance(cb, PrecisionTrial)), None)
+        return float(trial.ratio[1]) if trial is not None and trial.kept == BF16 else 1.0
 
     def apply(self, model: L.LightningModule, datamodule: Any = None) -> L.LightningModule:
         """Set what cannot travel in callbacks: the batch size (and its LR scaling) and the optimizer kernel.
@@ -193,11 +190,7 @@ def build_plan(
         from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 
         callbacks.append(PrecisionTrial())
-    if settings.get("channels_last_trial"):  # after the precision trial: it waits for that one's decision
-        from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
-
-        callbacks.append(ChannelsLastTrial())
-    elif settings.get("channels_last"):
+    if settings.get("channels_last"):
         from lightning_speedups.callbacks.channels_last import ChannelsLast
 
         callbacks.append(ChannelsLast())

@@ -335,14 +335,11 @@ def _store(
 
 
 def _record_in_fit(plan: TunePlan, store: PlanCache | None, key: str) -> None:
-    """Let the plan's in-fit trials (precision, layout) write their decisions into the cached plan, once the fit
-    makes them."""
+    """Let the plan's in-fit precision trial write its decision into the cached plan, once the fit makes it."""
     if store is None:
         return
-    from lightning_speedups.callbacks.channels_last_trial import ChannelsLastTrial
     from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 
     for cb in plan.callbacks:
-        if isinstance(cb, (PrecisionTrial, ChannelsLastTrial)):
-            name = "precision" if isinstance(cb, PrecisionTrial) else "channels_last"
-            cb.on_decision = InFitRecord(str(store.path.parent), key, name)
+        if isinstance(cb, PrecisionTrial):
+            cb.on_decision = InFitRecord(str(store.path.parent), key)

@@ -1,5 +1,5 @@
-"""Image workloads: the demo digits and shapes with a small CNN, torchvision's ResNet-18 and timm's ConvNeXt-atto on
-generated textures, and a small torchvision Vision Transformer on the shapes.
+"""Image workloads: the demo digits and shapes with a small CNN, torchvision's ResNet-18 on generated textures, and a
+small torchvision Vision Transformer and timm's ConvNeXt-atto on the shapes.
 
 Every module is a plain ``L.LightningModule`` with its own ``configure_optimizers`` (Adam or AdamW) and every loader
 a plain ``DataLoader`` over per-sample torchvision v2 transforms: the baseline a speedup technique has to beat.
@@ -173,8 +173,8 @@ def _build_convnext(seed: int, small: bool = False) -> tuple[L.LightningModule, 
     import timm
 
     torch.manual_seed(seed)
-    n_train, n_val = (256, 128) if small else (10_000, 2_000)
-    dm = TexturesDataModule(n_train=n_train, n_val=n_val, batch_size=64, seed=seed)
+    n_train, n_val = (256, 128) if small else (4096, 1024)
+    dm = ShapesDataModule(n_train=n_train, n_val=n_val, batch_size=64, seed=seed, noise=0.3)
     net = timm.create_model("convnext_atto", pretrained=False, num_classes=10)  # no weights: nothing downloaded
     return ImageClassifier(net, lr=2e-3, weight_decay=0.05), dm
 
@@ -253,7 +253,7 @@ register_workload(
         "0.93/0.93 at steps 32/128/224/288/384, first >= 0.90 after 65 s of training; checks swing +-0.03. Added "
         "held out when the MLP became a dev task; dev since its first run without bf16 (0.93x: trials that kept "
         "nothing) made autotune time channels_last in the fit and the data path by its fetches "
-        "(convnext_textures was added held out to judge that).",
+        "(convnext_shapes was added held out to judge that).",
         build=_build_vit,
         max_epochs=6,
         val_check_interval=0.5,
@@ -262,18 +262,20 @@ register_workload(
 )
 register_workload(
     Workload(
-        name="convnext_textures",
+        name="convnext_shapes",
         kind="image_convnext",
         split="held_out",
         metric="val_acc",
         mode="max",
-        target=0.7,
-        description="timm convnext_atto (depthwise 7x7 convs, LayerNorm, GELU; 3.4M parameters, no pretrained "
-        "weights) at 32 px on the generated textures x palettes (10k / 2k), per-sample RandomCrop(32, 4) + flip + "
-        "Normalize, AdamW 2e-3 with weight decay 0.05, batch 64. Added held out when the ViT became a dev task; "
-        "calibrated on the baseline alone.",
+        target=0.9,
+        description="timm convnext_atto (4x4 patchify stem, depthwise 7x7 convs, LayerNorm, GELU; 3.4M parameters, "
+        "no pretrained weights) on the generated shapes with pixel noise 0.3 (4096 train / 1024 val, pad-4 crop + "
+        "flip per sample), AdamW 2e-3 with weight decay 0.05, batch 64. Added held out when the ViT became a dev "
+        "task; calibrated on the baseline alone (seeds 0-1, AMD EPYC 2 cores, quiet): 0.62/0.80/0.92/0.94 and "
+        "0.57/0.76/0.91/0.94 at steps 32/128/352/512, first >= 0.90 at steps 320 and 352 (18-22 s of training); "
+        "checks swing +-0.04. On the textures it learned nothing in 4 epochs, so it trains on the shapes.",
         build=_build_convnext,
-        max_epochs=4,
-        val_check_interval=0.25,
+        max_epochs=8,
+        val_check_interval=0.5,
     )
 )
