@@ -378,8 +378,8 @@ def test_channels_last_is_tried_only_where_the_work_on_4d_tensors_could_pay(monk
     machine = FakeMachine({"channels_last": 0.5})
     _patched(monkeypatch, machine)
     monkeypatch.setitem(_TICKS, "machine", machine)
-    plan = autotune(_PatchNet(conv_cost, 1.0), _loader(), candidates=["channels_last"], methods=[], cache=False, clock=machine.clock,
-                    budget_s=2000.0, max_epochs=1)  # fmt: skip
+    plan = autotune(_PatchNet(conv_cost, 1.0), _loader(), candidates=["channels_last"], methods=[], cache=False,
+                    clock=machine.clock, budget_s=2000.0, max_epochs=1)  # fmt: skip
     (choice,) = plan.choices
     if tried:
         assert choice.chosen is True and choice.trials >= 3

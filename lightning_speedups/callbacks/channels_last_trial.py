@@ -56,7 +56,10 @@ class ChannelsLastTrial(InFitTrial):
     Where it does not help: a model whose convolutions are a small part of its step (a transformer with a patch
     embedding), or a CPU / GPU whose NCHW kernels are as fast, keeps NCHW and pays the extra time of the slower
     layout's steps in its rounds (at most ``max_cost`` of the fit, plus one step). Switching layouts mid-fit costs a
-    copy of the 4-D weights and optimizer state per switch (untimed; small beside a step).
+    copy of the 4-D weights and optimizer state per switch (untimed; small beside a step), and with ``TorchCompile``
+    a compile of the other layout. Its alternating steps change the run's rounding like any change of layout does:
+    on a task whose target lies on a noisy plateau the time to reach it moves by whole validation checks (see the
+    channels_last docs page).
 
     Args:
         margin: channels_last must be this much faster per step (0.05: 5%) beyond noise to be kept.
@@ -64,8 +67,8 @@ class ChannelsLastTrial(InFitTrial):
         max_cost: the largest share of the planned fit (its steps times the NCHW step) that the slower layout's
             extra time may take before the trial stops and keeps NCHW.
         clock: seconds as a float (tests inject a fake one).
-        on_decision: called with the callback on rank 0 once the fit decides, not again for a restored decision
-            (autotune's plan caches the decision with it). It must not raise, and under ``ddp_spawn`` it must pickle.
+        on_decision: called with the callback on rank 0 once the fit decides, not again for a restored decision. It
+            must not raise, and under ``ddp_spawn`` it must pickle.
 
     Raises:
         SpeedupConfigError: at construction for an argument out of range.
