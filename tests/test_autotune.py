@@ -457,3 +457,30 @@ def test_a_channels_last_trial_leaves_a_conv3d_weight_alone():
     batch = (torch.randn(2, 3, 8, 8), torch.tensor([0, 1]))
     ctx = TrialContext(Mixed(), batch, torch.device("cpu"), 10, 0.05, float("inf"), {"precision": "32-true"})
     make_step(ctx, {"channels_last": True})()  # raised "required rank 4 tensor to use channels_last format"
+
+
+def test_the_device_twin_repeats_the_datamodules_flip_or_is_not_offered():
+    # found on the held-out ConvNeXt: the twin of the shapes kept the crop but dropped the flip, and its runs ended
+    # 1-2 points lower. The twin repeats every per-sample transform, or the data path is not tried
+    from torchvision.transforms import v2
+
+    from lightning_speedups.autotune.data import device_twin
+    from lightning_speedups.demo import ShapesDataModule
+
+    dm = ShapesDataModule(n_train=64, n_val=32, batch_size=16)
+    dm.setup("fit")
+    ctx = trials.TrialContext(DemoClassifier(width=4), None, torch.device("cpu"), 10, 0.05, float("inf"), {},
+                              datamodule=dm)  # fmt: skip
+    kind, twin = device_twin(ctx)
+    twin.trainer = None
+    aug = twin.train_dataloader().transform
+    assert kind == "datamodule" and aug.hflip == 0.5 and aug.padding == 4
+
+    class Jittered(ShapesDataModule):
+        def transforms(self, train: bool) -> v2.Transform:
+            return v2.Compose([v2.ColorJitter(0.2), *super().transforms(train).transforms])
+
+    dm = Jittered(n_train=64, n_val=32, batch_size=16)
+    dm.setup("fit")
+    ctx.datamodule = dm
+    assert device_twin(ctx) is None

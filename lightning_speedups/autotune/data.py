@@ -25,13 +25,29 @@ def device_twin(ctx: TrialContext) -> tuple[str, Any] | None:
     if dm is not None and all(hasattr(dm, a) for a in ("train_images", "train_labels", "transforms")):
         from lightning_speedups.recipes import device_datamodule
 
-        twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)))
+        hflip = _batch_augment_flip(dm.transforms(train=True))
+        if hflip is None:
+            return None
+        twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)), hflip=hflip)
         return "datamodule", twin  # the demo protocol: its transforms become a BatchAugment on the device
     dataset = getattr(ctx.loader, "dataset", None)
     if type(dataset) is TensorDataset:  # no per-sample transform to lose
         loader = DeviceDataLoader(*dataset.tensors, batch_size=ctx.loader.batch_size, shuffle=True, device=ctx.device)
         return "loader", loader
     return None
+
+
+# the per-sample transforms a BatchAugment repeats on the device (crop with padding, flip, then scale and normalise)
+_TWIN_TRANSFORMS = ("RandomCrop", "RandomHorizontalFlip", "ToDtype", "Normalize")
+
+
+def _batch_augment_flip(pipeline: Any) -> float | None:
+    """The flip probability of a per-sample pipeline a BatchAugment can repeat on the device, or ``None`` when it
+    holds a transform a BatchAugment does not have (the twin would train on other data)."""
+    steps = list(getattr(pipeline, "transforms", [pipeline]))
+    if any(type(t).__name__ not in _TWIN_TRANSFORMS for t in steps):
+        return None
+    return next((float(getattr(t, "p", 0.5)) for t in steps if type(t).__name__ == "RandomHorizontalFlip"), 0.0)
 
 
 def _data_blocker(ctx: TrialContext) -> str | None:
@@ -46,8 +62,8 @@ def _data_blocker(ctx: TrialContext) -> str | None:
         return (
             f"data path not tried: the training loader reads {what}, whose per-sample code (`__getitem__`, "
             "transforms, collate) a device twin cannot run; only a TensorDataset's tensors, or a DataModule with "
-            "`train_images`, `train_labels` and `transforms`, are moved to the device. HINT: lightning_speedups.data."
-            "DeviceDataLoader holds tensors on the device"
+            "`train_images`, `train_labels` and `transforms` of random crop, flip, scaling and normalisation only, "
+            "are moved to the device. HINT: lightning_speedups.data.DeviceDataLoader holds tensors on the device"
         )
     return None
 

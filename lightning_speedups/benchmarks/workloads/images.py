@@ -252,7 +252,7 @@ register_workload(
         "with weight decay 0.05, batch 64. Measured (seed 0, Intel Xeon with AMX, 2 cores, quiet): 0.56/0.80/0.89/"
         "0.93/0.93 at steps 32/128/224/288/384, first >= 0.90 after 65 s of training; checks swing +-0.03. Added "
         "held out when the MLP became a dev task; dev since its first run without bf16 (0.93x: trials that kept "
-        "nothing) made autotune time channels_last in the fit and the data path by its fetches "
+        "nothing) gave autotune's channels_last an Amdahl check and timed the data path by its fetches "
         "(convnext_shapes was added held out to judge that).",
         build=_build_vit,
         max_epochs=6,
@@ -270,8 +270,8 @@ register_workload(
         target=0.9,
         description="timm convnext_atto (4x4 patchify stem, depthwise 7x7 convs, LayerNorm, GELU; 3.4M parameters, "
         "no pretrained weights) on the generated shapes with pixel noise 0.3 (4096 train / 1024 val, pad-4 crop + "
-        "flip per sample), AdamW 2e-3 with weight decay 0.05, batch 64. Added held out when the ViT became a dev "
-        "task; calibrated on the baseline alone (seeds 0-1, AMD EPYC 2 cores, quiet): 0.62/0.80/0.92/0.94 and "
+        "flip per sample), AdamW 2e-3 with weight decay 0.05, batch 64. Added held out when the ViT and the "
+        "keyword task became dev tasks; calibrated on the baseline alone (seeds 0-1, AMD EPYC 2 cores, quiet): 0.62/0.80/0.92/0.94 and "
         "0.57/0.76/0.91/0.94 at steps 32/128/352/512, first >= 0.90 at steps 320 and 352 (18-22 s of training); "
         "checks swing +-0.04. On the textures it learned nothing in 4 epochs, so it trains on the shapes.",
         build=_build_convnext,
