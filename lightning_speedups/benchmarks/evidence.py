@@ -137,6 +137,12 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
                                     "run", _workloads_rows),
     "workloads_no_bf16_heldout.json": ("workloads", "The same tasks on the same CPU with `--no-bf16`, first run",
                                        _workloads_rows),
+    "workloads_layout_trial.json": ("workloads", "channels_last timed on the fit's own steps as autotune's default "
+                                    "(withdrawn), bf16 allowed", _workloads_rows),
+    "workloads_layout_trial_no_bf16.json": ("workloads", "The same with `--no-bf16`", _workloads_rows),
+    "workloads_amdahl.json": ("workloads", "channels_last's Amdahl check, the fetch-timed data path and a new held-out "
+                              "ConvNeXt, bf16 allowed", _workloads_rows),
+    "workloads_amdahl_no_bf16.json": ("workloads", "The same with `--no-bf16`", _workloads_rows),
     "workloads_ceiling.json": ("workloads", "The most the candidates could gain, per task: an oracle's time to the "
                                "target", _ceiling_rows),
     "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
