@@ -29,8 +29,8 @@ sooner but ends worse shows it.
 Run: ``python -m lightning_speedups.benchmarks.workloads_bench --json docs/_data/workloads.json [--tasks a,b]
 [--methods baseline,autotune_first] [--seeds 0,1,2] [--no-bf16] [--quick]``, or
 ``lightning-speedups bench --only workloads [--quick]``. Every run trains the planned length (the quality at the end
-is part of the result), so the full suite (14 tasks x 3 seeds x the 3 methods that apply to plain modules) takes
-about two hours and twenty minutes on 2 quiet CPU cores, most of it the GPT, the sequence classifier and the two 32 px
+is part of the result), so the full suite (15 tasks x 3 seeds x the 3 methods that apply to plain modules) takes
+about two and a half hours on 2 quiet CPU cores, most of it the GPT, the sequence classifier and the two 32 px
 image networks; ``--quick`` about a minute.
 """
 

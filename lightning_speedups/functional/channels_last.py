@@ -163,8 +163,10 @@ def match_optimizer_layout(optimizer: torch.optim.Optimizer) -> int:
             continue
         layout = _CL if is_channels_last(param) and not param.is_contiguous() else torch.contiguous_format
         for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.shape == param.shape and not value.is_contiguous(
-                memory_format=layout
+            if (
+                isinstance(value, torch.Tensor)
+                and value.shape == param.shape
+                and not value.is_contiguous(memory_format=layout)
             ):
                 state[key] = value.contiguous(memory_format=layout)
                 changed += 1

@@ -193,8 +193,8 @@ register_workload(
         "training and 1000 validation clips. Added held out after every rule it is judged on was set, and "
         "calibrated on the baseline alone (seeds 0 and 1, AMD EPYC, 2 cores, quiet): val_acc climbs with swings of "
         "up to 0.2 between checks to 0.91 / 0.90 at the end; 0.88 is first reached at 54% (seed 0) and 63% (seed 1) "
-        "of the 936 planned steps, about 45 s of training. Dev since its runs without bf16 kept the in-fit layout trial "
-        "out of autotune's default plan (convnext_shapes was added held out with that change).",
+        "of the 936 planned steps, about 45 s of training. Dev since its runs without bf16 kept the in-fit layout "
+        "trial out of autotune's default plan (convnext_shapes was added held out with that change).",
         build=_build_keywords,
         max_epochs=12,
         val_check_interval=0.5,

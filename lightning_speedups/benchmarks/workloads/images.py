@@ -270,10 +270,11 @@ register_workload(
         target=0.9,
         description="timm convnext_atto (4x4 patchify stem, depthwise 7x7 convs, LayerNorm, GELU; 3.4M parameters, "
         "no pretrained weights) on the generated shapes with pixel noise 0.3 (4096 train / 1024 val, pad-4 crop + "
-        "flip per sample), AdamW 2e-3 with weight decay 0.05, batch 64. Added held out when the ViT and the "
-        "keyword task became dev tasks; calibrated on the baseline alone (seeds 0-1, AMD EPYC 2 cores, quiet): 0.62/0.80/0.92/0.94 and "
-        "0.57/0.76/0.91/0.94 at steps 32/128/352/512, first >= 0.90 at steps 320 and 352 (18-22 s of training); "
-        "checks swing +-0.04. On the textures it learned nothing in 4 epochs, so it trains on the shapes.",
+        "flip per sample), AdamW 2e-3 with weight decay 0.05, batch 64. Added held out when the ViT and the keyword "
+        "task became dev tasks; calibrated on the baseline alone (seeds 0-1, AMD EPYC 2 cores, quiet): "
+        "0.62/0.80/0.92/0.94 and 0.57/0.76/0.91/0.94 at steps 32/128/352/512, first >= 0.90 at steps 320 and 352 "
+        "(18-22 s of training); checks swing +-0.04. On the textures it learned nothing in 4 epochs, so it trains "
+        "on the shapes.",
         build=_build_convnext,
         max_epochs=8,
         val_check_interval=0.5,
