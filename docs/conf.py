@@ -74,8 +74,9 @@ nitpick_ignore_regex = [
     ),
     # string annotations written with the usual aliases: `import lightning as L`, matplotlib's `Figure`
     (r"py:.*", r"(L|F|v2)\..*|Figure|Axes"),
-    # private names of this package (a private base class in show-inheritance, `_Candidate`): not documented by design
-    (r"py:.*", r"lightning_speedups(\.\w+)*\._\w+"),
+    # private names of this package (a private base class in show-inheritance, `_Candidate`, or one in a private
+    # module, `_in_fit_trial.InFitTrial`): not documented by design
+    (r"py:.*", r"lightning_speedups(\.\w+)*\._\w+(\.\w+)*"),
     # the inner modules of a technique's folder: its public names are documented where the folder re-exports them
     (r"py:.*", r"lightning_speedups\.(functional\.|callbacks\.)?(batch_size|advisor|autotune|measure)\.\w+\.\w+"),
     # type aliases of this package (`Scheduler`, `DeviceLike`, `BackboneSpec`): unions of library types, not classes

@@ -240,6 +240,13 @@ class InFitTrial(Callback):
         )
 
     @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.kept is None:  # a fit shorter than the rounds: say so rather than leave the note empty
+            self.note = (f"undecided: the fit ended after {self.rounds} of at most {self.max_rounds} rounds; a "
+                         "resumed fit goes on with them")  # fmt: skip
+            rank_zero_info(f"{type(self).__name__}: {self.note}")
+
+    @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._leave()
 

@@ -122,6 +122,13 @@ def test_channels_last_trial_keeps_nchw_when_no_faster():
     assert model.net[0].weight.is_contiguous()  # back in NCHW after its last channels_last step
 
 
+def test_channels_last_trial_says_so_when_the_fit_ends_before_it_decides():
+    model, trial = Conv(nhwc_cost=1.0), ChannelsLastTrial(clock=fake_clock)
+    _fit(model, [trial], 5)  # two untimed steps and a round and a half
+    assert trial.kept is None
+    assert trial.note == "undecided: the fit ended after 1 of at most 12 rounds; a resumed fit goes on with them"
+
+
 def test_channels_last_trial_stops_a_slow_layout_within_its_cost():
     model, trial = Conv(nhwc_cost=10.0), ChannelsLastTrial(max_cost=0.02, clock=fake_clock)
     _fit(model, [trial], 100)
