@@ -93,6 +93,7 @@ class ChannelsLastTrial(InFitTrial):
         super().__init__(margin, max_rounds, max_cost, clock=clock, on_decision=on_decision)
         self.layout = NCHW  # the layout the model is in now
         self._hook: RemovableHandle | None = None
+        self._states_matched = False  # the optimizer's 4-D state given its parameters' layout since the fit started
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -108,6 +109,7 @@ class ChannelsLastTrial(InFitTrial):
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
+        self._states_matched = False
         if self.kept == NHWC:  # a restored decision: the optimizer exists now, its state follows the weights
             self._set_layout(trainer, pl_module, NHWC)
             rank_zero_info(f"ChannelsLastTrial: {self.note} (restored); the fit runs in channels_last.")
@@ -125,6 +127,10 @@ class ChannelsLastTrial(InFitTrial):
 
     @override
     def _enter(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, option: str) -> None:
+        if not self._states_matched:  # a resumed optimizer state keeps the strides it was saved with
+            for optimizer in trainer.optimizers:
+                match_optimizer_layout(optimizer)  # fused AdamW on CPU reads mismatched strides wrongly
+            self._states_matched = True
         self._set_layout(trainer, pl_module, option)
         if option == NHWC:
             to_channels_last_(batch)

@@ -222,3 +222,21 @@ def test_channels_last_trial_ddp(tmp_path):
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["kept"] for r in reports] == [NHWC, NHWC]
     assert reports[0]["layout"] == reports[1]["layout"] and all(reports[0]["layout"][8:])
+
+
+def test_a_resumed_channels_last_fit_gives_the_optimizer_state_the_weights_layout(tmp_path):
+    # fused AdamW on CPU reads a state whose strides differ from its parameter's wrongly: a checkpoint of an NCHW run
+    # resumed under ChannelsLast must not train on scrambled moments
+    from lightning_speedups.callbacks.channels_last import ChannelsLast
+
+    class Fused(Conv):
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-2, fused=True)
+
+    torch.manual_seed(0)
+    trainer = _fit(Fused(), [], 4)
+    trainer.save_checkpoint(tmp_path / "nchw.ckpt")
+    model = Fused()
+    trainer = _fit(model, [ChannelsLast()], 6, ckpt_path=str(tmp_path / "nchw.ckpt"))
+    state = trainer.optimizers[0].state[model.net[0].weight]
+    assert is_channels_last(model.net[0].weight) and is_channels_last(state["exp_avg"])
