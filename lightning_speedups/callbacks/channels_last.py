@@ -57,7 +57,6 @@ class ChannelsLast(Callback):
         self.active = False
         self.converted_batches = 0
         self._hook: RemovableHandle | None = None
-        self._states_matched = True  # set False at each fit's start: the first step gives the state the weights' layout
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -90,19 +89,17 @@ class ChannelsLast(Callback):
             to_channels_last_(batch)
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._states_matched = False
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after the checkpoint's optimizer state is restored: it keeps the strides it was saved with (an NCHW run's,
+        # say), and fused AdamW on CPU reads a state whose strides differ from its parameter's wrongly
+        if self.active:
+            for optimizer in trainer.optimizers:
+                match_optimizer_layout(optimizer)
 
     @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.active and not getattr(self, "_states_matched", True):
-            # a resumed optimizer state keeps the strides it was saved with (an NCHW run's, say), and fused AdamW on
-            # CPU reads a state whose strides differ from its parameter's wrongly: give it the weights' layout
-            for optimizer in trainer.optimizers:
-                match_optimizer_layout(optimizer)
-            self._states_matched = True
         self._convert(batch)
 
     @override

@@ -93,7 +93,6 @@ class ChannelsLastTrial(InFitTrial):
         super().__init__(margin, max_rounds, max_cost, clock=clock, on_decision=on_decision)
         self.layout = NCHW  # the layout the model is in now
         self._hook: RemovableHandle | None = None
-        self._states_matched = False  # the optimizer's 4-D state given its parameters' layout since the fit started
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -107,12 +106,13 @@ class ChannelsLastTrial(InFitTrial):
             self._hook = pl_module.register_forward_pre_hook(self._forward_pre_hook, with_kwargs=True)
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_fit_start(trainer, pl_module)
-        self._states_matched = False
-        if self.kept == NHWC:  # a restored decision: the optimizer exists now, its state follows the weights
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after the checkpoint's optimizer state is restored (on_fit_start comes before it): a restored decision
+        # returns, and a restored state, which keeps the strides it was saved with, follows the weights' layout
+        if self.kept == NHWC:
             self._set_layout(trainer, pl_module, NHWC)
             rank_zero_info(f"ChannelsLastTrial: {self.note} (restored); the fit runs in channels_last.")
+        _match_states(trainer)
 
     def _set_layout(self, trainer: L.Trainer, pl_module: L.LightningModule, layout: str) -> None:
         if layout == self.layout:
@@ -121,16 +121,11 @@ class ChannelsLastTrial(InFitTrial):
             apply_channels_last(pl_module, warn=False)
         else:
             restore_contiguous(pl_module)
-        for optimizer in trainer.optimizers:
-            match_optimizer_layout(optimizer)
+        _match_states(trainer)
         self.layout = layout
 
     @override
     def _enter(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, option: str) -> None:
-        if not self._states_matched:  # a resumed optimizer state keeps the strides it was saved with
-            for optimizer in trainer.optimizers:
-                match_optimizer_layout(optimizer)  # fused AdamW on CPU reads mismatched strides wrongly
-            self._states_matched = True
         self._set_layout(trainer, pl_module, option)
         if option == NHWC:
             to_channels_last_(batch)
@@ -160,6 +155,12 @@ class ChannelsLastTrial(InFitTrial):
 
     def __getstate__(self) -> dict[str, Any]:  # ddp_spawn pickles callbacks: the hook's handle stays here
         return {**self.__dict__, "_hook": None}
+
+
+def _match_states(trainer: L.Trainer) -> None:
+    """Give every optimizer's 4-D state its parameter's layout: fused AdamW on CPU reads mismatched strides wrongly."""
+    for optimizer in trainer.optimizers:
+        match_optimizer_layout(optimizer)
 
 
 def _layout_of(module: L.LightningModule) -> str:

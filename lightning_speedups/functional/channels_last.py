@@ -92,21 +92,26 @@ def apply_channels_last(module: nn.Module, warn: bool = True) -> ChannelsLastSum
                 stacklevel=2,
             )
         return ChannelsLastSummary(converted=False, num_conv=0, num_tensors=0)
+    return ChannelsLastSummary(converted=True, num_conv=num_conv, num_tensors=_relayout(module, _CL))
+
+
+def _relayout(module: nn.Module, memory_format: torch.memory_format) -> int:
+    """Give every 4-D parameter (and its grad) and buffer of ``module`` ``memory_format``, in place; how many
+    changed. ``.data =`` keeps the Parameter objects, so optimizers and DDP buckets stay valid."""
     changed = 0
     with torch.no_grad():
         for sub in module.modules():
             for param in sub._parameters.values():
-                if param is not None and _needs_conversion(param):
-                    # `.data =` keeps the Parameter object, so optimizers and DDP buckets stay valid
-                    param.data = param.data.contiguous(memory_format=_CL)
+                if param is not None and param.dim() == 4 and not param.is_contiguous(memory_format=memory_format):
+                    param.data = param.data.contiguous(memory_format=memory_format)
                     if param.grad is not None and param.grad.dim() == 4:
-                        param.grad = param.grad.contiguous(memory_format=_CL)
+                        param.grad = param.grad.contiguous(memory_format=memory_format)
                     changed += 1
             for name, buf in sub._buffers.items():
-                if buf is not None and _needs_conversion(buf):
-                    sub._buffers[name] = buf.contiguous(memory_format=_CL)
+                if buf is not None and buf.dim() == 4 and not buf.is_contiguous(memory_format=memory_format):
+                    sub._buffers[name] = buf.contiguous(memory_format=memory_format)
                     changed += 1
-    return ChannelsLastSummary(converted=True, num_conv=num_conv, num_tensors=changed)
+    return changed
 
 
 def restore_contiguous(module: nn.Module) -> int:
@@ -124,20 +129,7 @@ def restore_contiguous(module: nn.Module) -> int:
         >>> restore_contiguous(model) > 0, is_channels_last(model.backbone[0][0].weight)
         (True, False)
     """
-    changed = 0
-    with torch.no_grad():
-        for sub in module.modules():
-            for param in sub._parameters.values():
-                if param is not None and param.dim() == 4 and not param.is_contiguous():
-                    param.data = param.data.contiguous()
-                    if param.grad is not None and param.grad.dim() == 4:
-                        param.grad = param.grad.contiguous()
-                    changed += 1
-            for name, buf in sub._buffers.items():
-                if buf is not None and buf.dim() == 4 and not buf.is_contiguous():
-                    sub._buffers[name] = buf.contiguous()
-                    changed += 1
-    return changed
+    return _relayout(module, torch.contiguous_format)
 
 
 def match_optimizer_layout(optimizer: torch.optim.Optimizer) -> int:
