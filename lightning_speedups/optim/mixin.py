@@ -8,6 +8,7 @@ from typing import Any
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups._strategies import refuse_sharded
 from lightning_speedups._structure import apply_structure_records
 from lightning_speedups.optim.config import (
     OptimizerConfig,
@@ -15,7 +16,7 @@ from lightning_speedups.optim.config import (
     as_optimizer_config,
     as_scheduler_config,
 )
-from lightning_speedups.optim.optimizers import create_optimizer
+from lightning_speedups.optim.optimizers import create_optimizer, get_optimizer_info
 from lightning_speedups.optim.schedulers import create_scheduler, lightning_scheduler_config
 
 __all__ = ["SpeedupMixin", "effective_batch_size"]
@@ -99,6 +100,13 @@ class SpeedupMixin:
                 "known batch size. HINT: give the model, its hparams or the datamodule a `batch_size` attribute."
             )
         trainer = getattr(self, "_trainer", None)
+        if not get_optimizer_info(opt_cfg.name).shardable:
+            refuse_sharded(
+                trainer,
+                f"the {opt_cfg.name!r} optimizer",
+                "it needs each weight matrix whole on one rank (a sharded strategy splits them); use 'ddp', or "
+                "OptimizerConfig('adamw').",
+            )
         # Lightning refuses to clip gradients of fused optimizers under fp16 GradScaler
         avoid_fused = bool(
             trainer is not None and trainer.gradient_clip_val and str(trainer.precision).startswith("16")

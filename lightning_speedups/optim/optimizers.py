@@ -19,6 +19,7 @@ from torch import nn
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.optim._fused_momentum import guard_fused_momentum
 from lightning_speedups.optim.config import OptimizerConfig, as_optimizer_config, scale_lr, set_registry_check
+from lightning_speedups.optim.muon import create_muon
 
 __all__ = [
     "OptimizerInfo",
@@ -52,6 +53,9 @@ class OptimizerInfo:
         betas: accepts ``betas``.
         nesterov: accepts ``nesterov``.
         summary: one line for tables.
+        needs_module: the factory also takes ``module=`` (the model), to split the groups by layer (``muon``).
+        shardable: works when a strategy shards the parameters (FSDP, DeepSpeed). ``False`` for optimizers that need
+            whole matrices (``muon`` orthogonalises each one): the mixin refuses them under a sharded strategy.
     """
 
     name: str
@@ -61,6 +65,8 @@ class OptimizerInfo:
     betas: bool = False
     nesterov: bool = False
     summary: str = ""
+    needs_module: bool = False
+    shardable: bool = True
 
     def accepts(self, kwarg: str) -> bool:
         """Whether the factory takes keyword ``kwarg`` (e.g. ``fused``, ``foreach``)."""
@@ -148,6 +154,17 @@ register_optimizer(OptimizerInfo("adagrad", torch.optim.Adagrad, summary="AdaGra
 register_optimizer(OptimizerInfo("rmsprop", torch.optim.RMSprop, momentum=True, summary="RMSprop"))
 register_optimizer(OptimizerInfo("nadam", torch.optim.NAdam, betas=True, summary="Adam + Nesterov momentum"))
 register_optimizer(OptimizerInfo("radam", torch.optim.RAdam, betas=True, summary="rectified Adam"))
+register_optimizer(
+    OptimizerInfo(
+        "muon",
+        create_muon,
+        momentum=True,
+        betas=True,
+        summary="Muon for hidden matrices, AdamW for embeddings, head and vectors (one lr)",
+        needs_module=True,
+        shardable=False,
+    )
+)
 
 
 def _fused_devices() -> list[str]:
@@ -329,8 +346,12 @@ def create_optimizer(
         kwargs.update(
             choose_implementation(info, [p for g in groups for p in g["params"]], cfg.implementation, avoid_fused)
         )
+    if info.needs_module:
+        kwargs["module"] = module_or_params if isinstance(module_or_params, nn.Module) else None
     try:
         optimizer = info.factory(groups, lr=lr, **kwargs)
+    except SpeedupConfigError:
+        raise
     except (TypeError, ValueError) as err:
         raise SpeedupConfigError(
             f"Optimizer {cfg.name!r} rejected its arguments {kwargs}: {err}. Allowed values: the keyword arguments "

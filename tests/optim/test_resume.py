@@ -38,12 +38,23 @@ _CASES = [
 ]
 
 
+# DemoClassifier is a CNN: Muon takes its kernels as matrices (conv="muon"), else it would have no matrix to step
+_CNN_KWARGS = {"muon": {"conv": "muon"}}
+
+
 def _fit(name: str, impl: str, frozen: bool, ckpt_dir, max_epochs: int, ckpt_path=None):  # noqa: ANN001, ANN202
     L.seed_everything(0, verbose=False)
     momentum = 0.9 if get_optimizer_info(name).momentum else None
     model = DemoClassifier(
         width=4,
-        optimizer_config=OptimizerConfig(name, lr=0.02, weight_decay=1e-3, momentum=momentum, implementation=impl),
+        optimizer_config=OptimizerConfig(
+            name,
+            lr=0.02,
+            weight_decay=1e-3,
+            momentum=momentum,
+            implementation=impl,
+            kwargs=_CNN_KWARGS.get(name, {}),
+        ),
         scheduler_config=SchedulerConfig("onecycle"),
     )
     callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}", save_top_k=-1)]
@@ -74,8 +85,9 @@ def _sgd_run(kernel: dict, dampening: float, nesterov: bool, closure: bool) -> l
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(3, 4)) for _ in range(3)]
     opt = guard_fused_momentum(
-        torch.optim.SGD(params, lr=0.1, momentum=0.9, dampening=dampening, nesterov=nesterov, weight_decay=0.01,
-                        **kernel)
+        torch.optim.SGD(
+            params, lr=0.1, momentum=0.9, dampening=dampening, nesterov=nesterov, weight_decay=0.01, **kernel
+        )
     )
     g = torch.Generator().manual_seed(1)
     for step in range(5):
@@ -131,8 +143,9 @@ def test_plain_module_fused_sgd_with_finetuning(lr_decay: float, tmp_path) -> No
         model = _PlainFused()
         mc = ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}", save_top_k=-1)
         cb = FineTuneFreezing(unfreeze_at_epoch=1, lr_decay=lr_decay, verbose=False)
-        trainer = quiet_trainer(max_epochs=max_epochs, limit_val_batches=0, enable_checkpointing=True,
-                                callbacks=[cb, mc])
+        trainer = quiet_trainer(
+            max_epochs=max_epochs, limit_val_batches=0, enable_checkpointing=True, callbacks=[cb, mc]
+        )
         trainer.fit(model, TinyData(n_batches=2, batch_size=4), ckpt_path=ckpt_path)
         assert all(g["fused"] for g in trainer.optimizers[0].param_groups)  # split groups (lr_decay) stay fused
         return model
