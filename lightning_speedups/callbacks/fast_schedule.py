@@ -24,6 +24,7 @@ from lightning_speedups.functional.fast_schedule import (
 )
 from lightning_speedups.optim.config import LR_SCALING_RULES
 from lightning_speedups.optim.mixin import effective_batch_size
+from lightning_speedups.optim.wsd import WSDFactor, check_decay_fraction
 
 __all__ = ["FastSchedule"]
 
@@ -49,8 +50,10 @@ class FastSchedule(Callback):
         base_batch_size: the batch size the optimizer's lr was tuned for; the peak then follows the run's effective
             batch size (``batch_size`` x devices x accumulation) by ``lr_scaling``. ``None``: no batch scaling.
         lr_scaling: ``"sqrt"`` (Adam-type), ``"linear"`` (SGD) or ``None``.
-        decay: ``"linear"``, ``"cosine"`` or ``"constant"`` after the warm-up.
+        decay: ``"linear"``, ``"cosine"`` or ``"constant"`` after the warm-up, or ``"wsd"`` (constant, then a
+            cool-down over the last ``decay_fraction`` of the run).
         final_lr_ratio: lr at the end as a fraction of the peak, in ``[0, 1]``.
+        decay_fraction: ``decay="wsd"`` only: the share of the run spent cooling down, in ``(0, 1)``.
         batch_size: the effective batch size; ``None`` reads ``batch_size`` of the module, its hparams or the
             datamodule (x devices x accumulation).
         total_steps: run length in optimizer steps; ``None`` uses ``trainer.estimated_stepping_batches``.
@@ -70,18 +73,24 @@ class FastSchedule(Callback):
         final_lr_ratio: float = 0.0,
         batch_size: int | None = None,
         total_steps: int | None = None,
+        decay_fraction: float = 0.2,
     ) -> None:
         check_warmup(warmup)
+        check_decay_fraction(decay_fraction)
         peak_lr(1.0, peak_factor)  # validates peak_factor
         check_choice("lr_scaling", lr_scaling, (*LR_SCALING_RULES, None))
         check_choice("decay", decay, DECAYS)
         check_range("final_lr_ratio", final_lr_ratio, 0.0, 1.0)
-        for name, value in (("base_batch_size", base_batch_size), ("batch_size", batch_size),
-                            ("total_steps", total_steps)):
+        for name, value in (
+            ("base_batch_size", base_batch_size),
+            ("batch_size", batch_size),
+            ("total_steps", total_steps),
+        ):
             check_int(name, value, 1, optional=True)
         self.warmup, self.peak_factor, self.base_batch_size = warmup, peak_factor, base_batch_size
         self.lr_scaling, self.decay, self.final_lr_ratio = lr_scaling, decay, final_lr_ratio
         self.batch_size, self.total_steps = batch_size, total_steps
+        self.decay_fraction = decay_fraction
         self.peak_lrs: list[list[float]] = []
         self._total = 0
         self._schedulers: list[torch.optim.lr_scheduler.LambdaLR] = []
@@ -126,8 +135,16 @@ class FastSchedule(Callback):
         self.peak_lrs, self._schedulers, self._total = [], [], int(total)
         for optimizer in trainer.optimizers:
             scheduler = create_fast_schedule(
-                optimizer, int(total), self.warmup, self.peak_factor, batch, self.base_batch_size, self.lr_scaling,
-                self.decay, self.final_lr_ratio,
+                optimizer,
+                int(total),
+                self.warmup,
+                self.peak_factor,
+                batch,
+                self.base_batch_size,
+                self.lr_scaling,
+                self.decay,
+                self.final_lr_ratio,
+                self.decay_fraction,
             )
             trainer.strategy.lr_scheduler_configs.append(LRSchedulerConfig(scheduler, interval="step"))
             self._schedulers.append(scheduler)
@@ -147,16 +164,20 @@ class FastSchedule(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after a resume the schedulers hold the checkpoint's factors: a run of another length stretches the curve
         for scheduler in self._schedulers:
-            factors = [f for f in scheduler.lr_lambdas if isinstance(f, FastScheduleFactor)]
+            factors = [f for f in scheduler.lr_lambdas if isinstance(f, (FastScheduleFactor, WSDFactor))]
             if factors and factors[0].total != self._total:
                 rank_zero_warn(
                     f"FastSchedule: the checkpoint's schedule spans {factors[0].total} steps, this run {self._total}; "
                     "the decay is stretched to the new length from the current step."
                 )
                 for factor in factors:
-                    factor.total = self._total
-                for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs,
-                                               scheduler.lr_lambdas):
+                    if isinstance(factor, WSDFactor):
+                        factor.stretch(self._total)  # its cool-down moves to the new end
+                    else:
+                        factor.total = self._total
+                for group, base, factor in zip(
+                    scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
+                ):
                     group["lr"] = base * factor(scheduler.last_epoch)
                 refresh_scheduler_last_lr(scheduler)
 

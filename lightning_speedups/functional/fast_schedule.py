@@ -20,10 +20,12 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 from lightning_speedups.optim.config import LR_SCALING_RULES, scale_lr
+from lightning_speedups.optim.wsd import WSDFactor, check_decay_fraction
 
 __all__ = ["DECAYS", "FastScheduleFactor", "check_warmup", "create_fast_schedule", "peak_lr", "warmup_steps"]
 
-DECAYS = ("linear", "cosine", "constant")
+# "wsd": constant after the warm-up, then a linear cool-down over the last `decay_fraction` of the run
+DECAYS = ("linear", "cosine", "constant", "wsd")
 
 
 def check_warmup(warmup: float) -> float:
@@ -110,6 +112,7 @@ def create_fast_schedule(
     lr_scaling: str | None = "sqrt",
     decay: str = "linear",
     final_lr_ratio: float = 0.0,
+    decay_fraction: float = 0.2,
 ) -> LambdaLR:
     """Raise every param group's lr to its peak (:func:`peak_lr`) and return the ``LambdaLR`` that schedules it.
 
@@ -123,8 +126,11 @@ def create_fast_schedule(
         batch_size: the effective batch size of the run (batch x devices x accumulation).
         base_batch_size: the batch size the optimizer's lr was tuned for; with ``batch_size`` the peak is scaled.
         lr_scaling: ``"sqrt"`` (Adam-type optimizers), ``"linear"`` (SGD) or ``None``.
-        decay: ``"linear"`` (to ``final_lr_ratio``), ``"cosine"`` or ``"constant"`` after the warm-up.
+        decay: ``"linear"`` (to ``final_lr_ratio``), ``"cosine"`` or ``"constant"`` after the warm-up, or ``"wsd"``
+            (constant, then a linear cool-down over the last ``decay_fraction`` of the run; see
+            :mod:`lightning_speedups.optim.wsd`: a cool-down can start from any step with ``cool_down``).
         final_lr_ratio: the lr at the end, as a fraction of the peak, in ``[0, 1]``.
+        decay_fraction: ``"wsd"`` only: the share of the run spent cooling down, in ``(0, 1)``.
 
     Raises:
         SpeedupConfigError: any argument out of range; ``batch_size`` without ``base_batch_size`` or the reverse.
@@ -141,6 +147,7 @@ def create_fast_schedule(
     check_choice("decay", decay, DECAYS)
     check_choice("lr_scaling", lr_scaling, (*LR_SCALING_RULES, None))
     check_range("final_lr_ratio", final_lr_ratio, 0.0, 1.0)
+    check_decay_fraction(decay_fraction)
     if (batch_size is None) != (base_batch_size is None):
         raise SpeedupConfigError(
             f"`batch_size`={batch_size!r} and `base_batch_size`={base_batch_size!r} must be given together. "
@@ -150,5 +157,9 @@ def create_fast_schedule(
     for group in optimizer.param_groups:
         group["lr"] = peak_lr(group["lr"], peak_factor, batch_size, base_batch_size, lr_scaling)
         group["initial_lr"] = group["lr"]  # LambdaLR's base: the peak
-    factor = FastScheduleFactor(total_steps, steps, decay, final_lr_ratio)
+    factor: FastScheduleFactor | WSDFactor
+    if decay == "wsd":
+        factor = WSDFactor(total_steps, steps, decay_fraction, "linear", final_lr_ratio)
+    else:
+        factor = FastScheduleFactor(total_steps, steps, decay, final_lr_ratio)
     return LambdaLR(optimizer, [factor] * len(optimizer.param_groups))

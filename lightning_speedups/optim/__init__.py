@@ -19,7 +19,19 @@ from lightning_speedups.optim.optimizers import (
     list_optimizers,
     register_optimizer,
 )
+from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer
 from lightning_speedups.optim.plots import plot_lr_finder, plot_lr_schedule, simulate_lr_schedule
+from lightning_speedups.optim.schedule_free import (
+    ModeSwitch,
+    create_schedule_free_adamw,
+    create_schedule_free_sgd,
+    eval_weights_into_checkpoint,
+    in_train_mode,
+    is_schedule_free,
+    recompute_batchnorm,
+    schedule_free_eval,
+    schedule_free_train,
+)
 from lightning_speedups.optim.schedulers import (
     SchedulerInfo,
     create_scheduler,
@@ -28,6 +40,7 @@ from lightning_speedups.optim.schedulers import (
     list_schedulers,
     register_scheduler,
 )
+from lightning_speedups.optim.wsd import WSDFactor, cool_down
 
 __all__ = [
     "SpeedupMixin",
@@ -58,6 +71,20 @@ __all__ = [
     "plot_lr_finder",
     "plot_lr_schedule",
     "simulate_lr_schedule",
+    "MuonWithAdamW",
+    "assign_muon",
+    "muon_from_optimizer",
+    "WSDFactor",
+    "cool_down",
+    "ModeSwitch",
+    "create_schedule_free_adamw",
+    "create_schedule_free_sgd",
+    "eval_weights_into_checkpoint",
+    "in_train_mode",
+    "is_schedule_free",
+    "recompute_batchnorm",
+    "schedule_free_eval",
+    "schedule_free_train",
 ]
 
 register_technique(

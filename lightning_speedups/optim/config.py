@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
+from lightning_speedups.optim.wsd import DECAY_SHAPES, check_decay_fraction
 
 __all__ = ["OptimizerConfig", "SchedulerConfig", "scale_lr", "as_optimizer_config", "as_scheduler_config"]
 
@@ -187,6 +188,8 @@ class SchedulerConfig:
         pct_start: fraction of ``onecycle`` spent increasing the lr.
         factor: ``plateau`` multiplies the lr by this after ``patience`` intervals without improvement.
         patience: see ``factor``.
+        decay_fraction: ``wsd``: the share of the run spent cooling down at its end, in ``(0, 1)``.
+        decay_shape: ``wsd``: the cool-down's shape, ``"linear"``, ``"1-sqrt"`` or ``"cosine"``.
         total_steps: override the run length (otherwise ``trainer.estimated_stepping_batches`` for per-step
             schedules, ``trainer.max_epochs`` for per-epoch ones).
         kwargs: extra keyword arguments passed to the torch scheduler.
@@ -213,11 +216,15 @@ class SchedulerConfig:
     pct_start: float = 0.3
     factor: float = 0.1
     patience: int = 10
+    decay_fraction: float = 0.2
+    decay_shape: str = "linear"
     total_steps: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("interval", self.interval, (*INTERVALS, None))
+        check_decay_fraction(self.decay_fraction)
+        check_choice("decay_shape", self.decay_shape, DECAY_SHAPES)
         check_int("frequency", self.frequency, 1)
         check_choice("mode", self.mode, ("min", "max"))
         w = self.warmup

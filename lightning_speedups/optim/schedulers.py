@@ -12,6 +12,7 @@ from torch.optim import lr_scheduler as tls
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.optim.config import SchedulerConfig, as_scheduler_config, set_registry_check
+from lightning_speedups.optim.wsd import WSDFactor
 
 if TYPE_CHECKING:
     import lightning as L
@@ -151,6 +152,13 @@ def _warmup_factory(cosine: bool) -> Factory:
     return build
 
 
+def _wsd(opt: torch.optim.Optimizer, cfg: SchedulerConfig, total: int | None) -> Scheduler:
+    assert total is not None  # wsd needs_total_steps: resolve_total ran first
+    w = cfg.warmup_steps(total)
+    fns = [WSDFactor(total, w, cfg.decay_fraction, cfg.decay_shape, floor) for floor in _floors(opt, cfg.min_lr)]
+    return tls.LambdaLR(opt, fns, **cfg.kwargs)  # type: ignore[arg-type]
+
+
 def _onecycle(opt: torch.optim.Optimizer, cfg: SchedulerConfig, total: int | None) -> Scheduler:
     assert total is not None  # onecycle needs_total_steps: resolve_total ran first
     if cfg.pct_start * total <= 1 or (1 - cfg.pct_start) * total < 1:  # torch divides by (pct_start * total - 1)
@@ -230,6 +238,12 @@ for _info in (
         _warmup_factory(cosine=False),
         needs_total_steps=_fraction_warmup,
         summary="linear warm-up then constant",
+    ),
+    SchedulerInfo(
+        "wsd",
+        _wsd,
+        needs_total_steps=True,
+        summary="warm-up, stable, then a cool-down over the last decay_fraction of the run (to min_lr)",
     ),
     SchedulerInfo("plateau", _plateau, "epoch", needs_monitor=True, summary="ReduceLROnPlateau on a monitored metric"),
 ):

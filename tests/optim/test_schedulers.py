@@ -49,6 +49,8 @@ CASES: dict[str, tuple[dict[str, Any], Callable[[torch.optim.Optimizer], Any]]] 
     "onecycle": ({}, lambda o: tls.OneCycleLR(o, max_lr=BASE_LR, total_steps=TOTAL, cycle_momentum=False)),
     "linear_warmup_cosine": ({"warmup": 2}, _lambda(_warmup_cosine)),
     "constant_with_warmup": ({"warmup": 0.5}, _lambda(lambda s: (s + 1) / 4 if s < 3 else 1.0)),
+    # warm-up 1 step, stable to step 3, then 3 cool-down steps at 3/4, 2/4, 1/4 of the peak
+    "wsd": ({"warmup": 1, "decay_fraction": 0.5}, _lambda(lambda s: 0.5 if s < 1 else min(1.0, 1 - (s - 2) / 4))),
     "plateau": (
         # threshold=1: no later epoch counts as an improvement, so the lr is halved after epoch 2
         {"monitor": "val_loss", "patience": 0, "factor": 0.5, "kwargs": {"threshold": 1.0}},
