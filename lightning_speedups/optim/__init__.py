@@ -10,6 +10,7 @@ from lightning_speedups.optim.config import (
 )
 from lightning_speedups.optim.lr_finder import LR_RULES, LRFinderResult, apply_lr, suggest_from_curve, suggest_lr
 from lightning_speedups.optim.mixin import SpeedupMixin, effective_batch_size
+from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer
 from lightning_speedups.optim.optimizers import (
     OptimizerInfo,
     build_param_groups,
@@ -19,7 +20,6 @@ from lightning_speedups.optim.optimizers import (
     list_optimizers,
     register_optimizer,
 )
-from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer
 from lightning_speedups.optim.plots import plot_lr_finder, plot_lr_schedule, simulate_lr_schedule
 from lightning_speedups.optim.schedule_free import (
     ModeSwitch,
