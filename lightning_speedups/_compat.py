@@ -12,6 +12,8 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
+
 __all__ = ["before_model_weights_load"]
 
 _HOOKS_ATTR = "_lightning_speedups_before_load"
@@ -450,3 +452,49 @@ def is_weight_norm(parametrization: Any) -> bool:
     from torch.nn.utils.parametrizations import _WeightNorm
 
     return isinstance(parametrization, _WeightNorm)
+
+
+# the per-param-group lists torch's LR schedulers keep (LRScheduler, LambdaLR, ReduceLROnPlateau)
+_PER_GROUP_SCHEDULER_LISTS = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs")
+
+
+def retarget_scheduler(scheduler: Any, optimizer: Any, sources: Sequence[int], lr_scale: float = 1.0) -> None:
+    """Make ``scheduler`` drive ``optimizer``, whose param group ``i`` was made from group ``sources[i]`` of the
+    optimizer the scheduler was built for (a group split in two repeats its index), its learning rates scaled by
+    ``lr_scale`` (as the new groups' were).
+
+    Relies on: torch's schedulers (2.14) keeping the optimizer in ``.optimizer`` and one entry per param group in
+    ``base_lrs``, ``_last_lr``, ``lr_lambdas`` (``LambdaLR``, ``MultiplicativeLR``) and ``min_lrs``
+    (``ReduceLROnPlateau``); ``SequentialLR`` / ``ChainedScheduler`` holding theirs in ``_schedulers``; and
+    ``LRScheduler.__init__`` wrapping ``optimizer.step`` to check the call order (marked ``_wrapped_by_lr_sched``),
+    which a throwaway ``LambdaLR`` installs on the new optimizer (its learning rates are put back). Per-group values
+    kept in the param groups themselves (``initial_lr``, OneCycle's ``max_lr`` / ``min_lr``) travel with the groups.
+    """
+    for inner in getattr(scheduler, "_schedulers", []):
+        retarget_scheduler(inner, optimizer, sources, lr_scale)
+    old_count = len(scheduler.optimizer.param_groups)
+    for name in _PER_GROUP_SCHEDULER_LISTS:
+        values = getattr(scheduler, name, None)
+        if isinstance(values, list) and len(values) == old_count:
+            scale = 1.0 if name == "lr_lambdas" else lr_scale
+            setattr(scheduler, name, [values[i] * scale if scale != 1.0 else values[i] for i in sources])
+    scheduler.optimizer = optimizer
+    if not hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        saved = [(group["lr"], group.get("initial_lr")) for group in optimizer.param_groups]
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        for group, (lr, initial) in zip(optimizer.param_groups, saved):
+            group["lr"] = lr
+            if initial is None:
+                group.pop("initial_lr", None)
+            else:
+                group["initial_lr"] = initial
+
+
+def inner_schedulers(scheduler: Any) -> list[Any]:
+    """The schedulers a ``SequentialLR`` or ``ChainedScheduler`` runs (empty for any other scheduler).
+
+    Relies on: torch's ``SequentialLR`` and ``ChainedScheduler`` (2.14) keeping them in the list ``_schedulers``; each
+    computes its learning rates from its own ``base_lrs``, so a rescaled lr must reach them too.
+    """
+    inner = getattr(scheduler, "_schedulers", None)
+    return list(inner) if isinstance(inner, (list, tuple)) else []

@@ -59,8 +59,9 @@ class _Tiny(L.LightningModule):
 
 def _loader(n: int = 32, batch_size: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)),
-                      batch_size=batch_size)
+    return DataLoader(
+        TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)), batch_size=batch_size
+    )
 
 
 class _TinyData(L.LightningDataModule):
@@ -134,8 +135,11 @@ def test_set_fit_train_loader() -> None:
 def test_fit_source_dataloader() -> None:
     probe = _Probe("setup", lambda t, m: _call(_compat.fit_source_dataloader, t))
     _fit(probe, _TinyData(batch_size=16))
-    _check(isinstance(probe.out, DataLoader) and probe.out.batch_size == 16, "fit_source_dataloader",
-           f"did not build the datamodule's train_dataloader(): {probe.out!r}")
+    _check(
+        isinstance(probe.out, DataLoader) and probe.out.batch_size == 16,
+        "fit_source_dataloader",
+        f"did not build the datamodule's train_dataloader(): {probe.out!r}",
+    )
 
 
 def test_reload_train_dataloader() -> None:
@@ -147,8 +151,11 @@ def test_reload_train_dataloader() -> None:
 
     probe = _Probe("on_train_epoch_start", grow)
     _fit(probe, dm, max_steps=-1, max_epochs=2, limit_train_batches=2)
-    _check(probe.sizes == [8, 8, 16, 16], "reload_train_dataloader",
-           f"the epoch did not train on the rebuilt loader: {probe.sizes}")
+    _check(
+        probe.sizes == [8, 8, 16, 16],
+        "reload_train_dataloader",
+        f"the epoch did not train on the rebuilt loader: {probe.sizes}",
+    )
 
 
 def test_train_dataloader_built() -> None:
@@ -164,8 +171,11 @@ def test_no_gradient_sync() -> None:
     from lightning.pytorch.loops import utilities
 
     params = inspect.signature(getattr(utilities, "_block_parallel_sync_behavior", lambda: None)).parameters
-    _check(list(params)[:2] == ["strategy", "block"], "no_gradient_sync",
-           f"_block_parallel_sync_behavior(strategy, block) has the signature {list(params)}")
+    _check(
+        list(params)[:2] == ["strategy", "block"],
+        "no_gradient_sync",
+        f"_block_parallel_sync_behavior(strategy, block) has the signature {list(params)}",
+    )
     probe = _Probe("on_fit_start", lambda t, m: _call(_compat.no_gradient_sync, t.strategy))
     _fit(probe)
     with probe.out:  # a context manager, a no-op on one device
@@ -184,10 +194,16 @@ def test_replace_and_restore_training_results() -> None:
     probe = _Probe("on_train_batch_start", swap)
     _fit(probe)
     previous, fresh, restored = probe.out
-    _check(isinstance(previous, _ResultCollection) and previous.training, "replace_training_results",
-           f"fit_loop.epoch_loop._results is not a training _ResultCollection: {previous!r}")
-    _check(isinstance(fresh, _ResultCollection) and fresh is not previous and fresh.training,
-           "replace_training_results", "no fresh training _ResultCollection was installed")
+    _check(
+        isinstance(previous, _ResultCollection) and previous.training,
+        "replace_training_results",
+        f"fit_loop.epoch_loop._results is not a training _ResultCollection: {previous!r}",
+    )
+    _check(
+        isinstance(fresh, _ResultCollection) and fresh is not previous and fresh.training,
+        "replace_training_results",
+        "no fresh training _ResultCollection was installed",
+    )
     _check(restored is previous, "restore_training_results", "the previous collection was not put back")
 
 
@@ -222,8 +238,11 @@ def test_before_batch_transfer() -> None:
 def test_strategy_training_step() -> None:
     probe = _Probe("on_train_batch_start", lambda t, m, b: _call(_compat.strategy_training_step, t, b, 0))
     _fit(probe)
-    _check(isinstance(probe.out, torch.Tensor) and probe.out.requires_grad, "strategy_training_step",
-           f"training_step through the strategy returned {probe.out!r}")
+    _check(
+        isinstance(probe.out, torch.Tensor) and probe.out.requires_grad,
+        "strategy_training_step",
+        f"training_step through the strategy returned {probe.out!r}",
+    )
 
 
 def test_tuner_exit() -> None:
@@ -234,8 +253,11 @@ def test_tuner_exit() -> None:
         raise err
 
     trainer = _fit(_Probe("on_fit_start", stop))  # returns normally: the trainer swallows it
-    _check(trainer.global_step == 0 and trainer.state.finished, "tuner_exit",
-           f"fit did not end quietly: step {trainer.global_step}, state {trainer.state}")
+    _check(
+        trainer.global_step == 0 and trainer.state.finished,
+        "tuner_exit",
+        f"fit did not end quietly: step {trainer.global_step}, state {trainer.state}",
+    )
 
 
 def test_collect_and_restore_rng_states() -> None:
@@ -244,8 +266,11 @@ def test_collect_and_restore_rng_states() -> None:
     first = (torch.rand(2), np.random.rand(), random.random())
     _call(_compat.restore_rng_states, states)
     again = (torch.rand(2), np.random.rand(), random.random())
-    _check(torch.equal(first[0], again[0]) and first[1:] == again[1:], "restore_rng_states",
-           "the generators did not replay after restoring their states")
+    _check(
+        torch.equal(first[0], again[0]) and first[1:] == again[1:],
+        "restore_rng_states",
+        "the generators did not replay after restoring their states",
+    )
 
 
 def test_metric_state() -> None:
@@ -253,14 +278,20 @@ def test_metric_state() -> None:
     metric.update(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
     expected = float(metric.compute())
     states, count, computed = _call(_compat.metric_state, metric)
-    _check(set(states) == set(metric._defaults) and states and count == 1, "metric_state",
-           f"states {sorted(states)}, update count {count!r}")
+    _check(
+        set(states) == set(metric._defaults) and states and count == 1,
+        "metric_state",
+        f"states {sorted(states)}, update count {count!r}",
+    )
     saved = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in states.items()}
     metric.reset()
     metric.update(torch.tensor([0]), torch.tensor([1]))
     _call(_compat.restore_metric_state, metric, saved, count, computed)
-    _check(float(metric.compute()) == pytest.approx(expected) and metric._update_count == 1, "restore_metric_state",
-           "the metric did not come back to its saved accumulation")
+    _check(
+        float(metric.compute()) == pytest.approx(expected) and metric._update_count == 1,
+        "restore_metric_state",
+        "the metric did not come back to its saved accumulation",
+    )
 
 
 def test_refresh_scheduler_last_lr() -> None:
@@ -271,13 +302,26 @@ def test_refresh_scheduler_last_lr() -> None:
     _check(sched.get_last_lr() == [0.4], "refresh_scheduler_last_lr", f"get_last_lr() is {sched.get_last_lr()}")
 
 
+def test_inner_schedulers() -> None:
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+    sequential = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cosine], milestones=[2])
+    got = _call(_compat.inner_schedulers, sequential)
+    _check(got == [warm, cosine], "inner_schedulers", f"SequentialLR's schedulers read as {got!r}")
+    _check(_call(_compat.inner_schedulers, cosine) == [], "inner_schedulers", "a plain scheduler has no inner ones")
+
+
 def test_lr_finder_suggestion() -> None:
     xs = [float(i) for i in range(20)]
     losses = [5.0] * 8 + [5.0 - 2.0 * k for k in range(1, 5)] + [-3.0] * 8  # steepest drop from index 8 on
     got = _call(_compat.lr_finder_suggestion, xs, losses, skip_begin=2, skip_end=1)
     _check(got in xs[7:12], "lr_finder_suggestion", f"suggested {got!r}, not a point of the steepest descent")
-    _check(_call(_compat.lr_finder_suggestion, xs[:3], losses[:3], skip_begin=2, skip_end=1) is None,
-           "lr_finder_suggestion", "a curve too short for the skips should give None")
+    _check(
+        _call(_compat.lr_finder_suggestion, xs[:3], losses[:3], skip_begin=2, skip_end=1) is None,
+        "lr_finder_suggestion",
+        "a curve too short for the skips should give None",
+    )
 
 
 def test_undo_lr_find_debias() -> None:
@@ -288,13 +332,21 @@ def test_undo_lr_find_debias() -> None:
             return self.layer.weight.sum() * 0.0 + 2.0
 
     trainer = quiet_trainer(max_steps=8)
-    finder = Tuner(trainer).lr_find(Constant(), train_dataloaders=_loader(n=64, batch_size=4), num_training=8,
-                                    early_stop_threshold=None, update_attr=False)
+    finder = Tuner(trainer).lr_find(
+        Constant(),
+        train_dataloaders=_loader(n=64, batch_size=4),
+        num_training=8,
+        early_stop_threshold=None,
+        update_attr=False,
+    )
     raw = finder.results["loss"]
     beta = 0.98
     expected_raw = [2.0 * (1 - beta ** (k + 1)) / (1 - beta ** (k + 2)) for k in range(len(raw))]
-    _check(len(raw) >= 5 and all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(raw, expected_raw)),
-           "undo_lr_find_debias", f"Lightning's smoothed losses no longer read off by one step: {raw[:4]}")
+    _check(
+        len(raw) >= 5 and all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(raw, expected_raw)),
+        "undo_lr_find_debias",
+        f"Lightning's smoothed losses no longer read off by one step: {raw[:4]}",
+    )
     fixed = _call(_compat.undo_lr_find_debias, raw)
     _check(all(math.isclose(x, 2.0, rel_tol=1e-6) for x in fixed), "undo_lr_find_debias", f"fixed {fixed[:4]}")
 
@@ -306,3 +358,45 @@ def test_averaged_model_reads_lightnings_weight_averaging():
 
     callback = EMAWeightAveraging()
     assert averaged_model(callback) is None, "WeightAveraging no longer starts with `_average_model = None`"
+
+
+def test_retarget_scheduler_follows_split_groups() -> None:
+    import warnings
+
+    from torch.optim import lr_scheduler as tls
+
+    def pair() -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+        a, b, c = (nn.Parameter(torch.zeros(2)) for _ in range(3))
+        old = torch.optim.SGD([{"params": [a]}, {"params": [b, c], "lr": 0.2}], lr=0.1)
+        new = torch.optim.SGD([{"params": [a]}, {"params": [b]}, {"params": [c]}], lr=0.1)
+        return old, new
+
+    builders = {
+        "LambdaLR": lambda o: tls.LambdaLR(o, [lambda s: 1.0, lambda s: 0.5**s]),
+        "OneCycleLR": lambda o: tls.OneCycleLR(o, [0.1, 0.2], total_steps=6, cycle_momentum=False),
+        "SequentialLR": lambda o: tls.SequentialLR(
+            o, [tls.LinearLR(o, 0.5, total_iters=2), tls.CosineAnnealingLR(o, 4)], milestones=[2]
+        ),
+    }
+    for name, build in builders.items():
+        old, new = pair()
+        scheduler = build(old)
+        for group, source in zip(new.param_groups, [0, 1, 1]):  # a converter copies its source group's settings
+            group.update({k: v for k, v in old.param_groups[source].items() if k != "params"})
+        reference_old, _ = pair()
+        reference = build(reference_old)
+        _call(_compat.retarget_scheduler, scheduler, new, [0, 1, 1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "optimizer.step() overridden" / call-order warning
+            for _ in range(5):
+                new.step()
+                scheduler.step()
+                reference_old.step()
+                reference.step()
+                got = [g["lr"] for g in new.param_groups]
+                want = [g["lr"] for g in reference_old.param_groups]
+                _check(
+                    got == pytest.approx([want[0], want[1], want[1]]),
+                    "retarget_scheduler",
+                    f"{name} no longer keeps its per-group lists where this function looks: {got} vs {want}",
+                )

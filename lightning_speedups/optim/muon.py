@@ -66,7 +66,7 @@ class MuonAssignment:
 
     Attributes:
         muon: names of the matrices (and conv kernels with ``conv="muon"``) Muon steps.
-        adamw: ``{name: reason}`` for the rest (``"embedding"``, ``"head"``, ``"tied to an embedding"``, ``"conv"``,
+        adamw: ``{name: reason}`` for the rest (``"embedding"``, ``"head"``, ``"tied embedding"``, ``"conv"``,
             ``"input conv"``, ``"not 2-D"``).
         conv: the convolution policy used (``"adamw"`` or ``"muon"``).
     """
@@ -76,18 +76,26 @@ class MuonAssignment:
     conv: str = "adamw"
 
     def to_text(self) -> str:
-        """One line: counts per part, the AdamW reasons and a few names (numeric indices folded to ``*``)."""
-        reasons: dict[str, list[str]] = {}
-        for name, why in self.adamw.items():
-            reasons.setdefault(why, []).append(name)
-        adamw = "; ".join(f"{len(names)} {why} ({_fold(names)})" for why, names in reasons.items())
+        """One line: the Muon matrices (names folded over layer indices) and the AdamW tensors counted by reason.
+
+        :meth:`details` lists every name."""
+        reasons: dict[str, int] = {}
+        for why in self.adamw.values():
+            reasons[why] = reasons.get(why, 0) + 1
+        adamw = ", ".join(f"{count} {why}" for why, count in reasons.items())
         return (
-            f"Muon for {len(self.muon)} matrices ({_fold(self.muon)}); AdamW for {len(self.adamw)} tensors: "
-            f"{adamw or 'none'}; convolutions on {self.conv}"
+            f"Muon: {len(self.muon)} matrices ({_fold(self.muon, 1)}); AdamW: {len(self.adamw)} ({adamw or 'none'}); "
+            f"convs on {'Muon' if self.conv == 'muon' else 'AdamW'}"
         )
 
+    def details(self) -> str:
+        """Every tensor by name, one line each: ``muon  name`` or ``adamw name  (reason)``."""
+        lines = [f"muon  {name}" for name in self.muon]
+        lines += [f"adamw {name}  ({why})" for name, why in self.adamw.items()]
+        return "\n".join(lines)
 
-def _fold(names: list[str], limit: int = 3) -> str:
+
+def _fold(names: list[str], limit: int) -> str:
     """Names with numeric path parts folded to ``*`` (``blocks.*.qkv.weight``), the first ``limit`` kinds shown."""
     folded = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", n) for n in names))
     shown = ", ".join(folded[:limit])
@@ -172,7 +180,7 @@ def _adamw_reason(
     """Why AdamW steps ``p`` (``None``: Muon does)."""
     modules = [n.rsplit(".", 1)[0] if "." in n else "" for n, _ in holders]
     if any(isinstance(m, _EMBEDDINGS) for _, m in holders):
-        return "embedding" if len(holders) == 1 else "embedding, tied"
+        return "embedding" if len(holders) == 1 else "tied embedding"
     if any(m == h or m.startswith(h + ".") for m in modules for h in heads):
         return "head"
     if any(isinstance(m, _CONVS) for _, m in holders) and p.ndim > 2:
@@ -391,32 +399,48 @@ def _orthogonalize(matrix: torch.Tensor, steps: int, eps: float) -> torch.Tensor
 
 
 def muon_from_optimizer(
-    optimizer: torch.optim.Optimizer, module: nn.Module, conv: str = "adamw", **kwargs: Any
+    optimizer: torch.optim.Optimizer,
+    module: nn.Module,
+    conv: str = "adamw",
+    lr: float | None = None,
+    **kwargs: Any,
 ) -> MuonWithAdamW:
     """The user's optimizer as a Muon hybrid: the same groups (lr, weight decay, names) split into Muon and AdamW.
 
-    Adam-type ``betas`` and ``eps`` carry over to the AdamW part; the lr and weight decay of each group to both.
+    Adam-type ``betas`` and ``eps`` carry over to the AdamW part; each group's lr and weight decay to both parts
+    (with ``adjust_lr_fn="match_rms_adamw"`` an Adam-type lr suits Muon too). The new optimizer's
+    ``group_sources[i]`` is the index of the user's group that its group ``i`` came from (for the LR schedulers).
 
     Args:
         optimizer: the optimizer ``configure_optimizers`` built (its state is not carried: call it before training).
         module: the model whose parameters ``optimizer`` holds.
         conv: see :func:`assign_muon`.
+        lr: a new base learning rate: every group's lr-valued entries (``lr``, ``initial_lr``, a OneCycle
+            ``max_lr`` / ``min_lr``) are scaled by ``lr / optimizer.defaults["lr"]``, so ratios between groups stay.
+            ``None`` keeps the user's.
         kwargs: :class:`MuonWithAdamW` arguments (``momentum``, ``adjust_lr_fn``, ``warmup_steps``...).
 
     Example::
 
         >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
         >>> muon = muon_from_optimizer(torch.optim.AdamW(net.parameters(), lr=3e-3), net)
-        >>> [(g["lr"], g["use_muon"]) for g in muon.param_groups]
-        [(0.003, False), (0.003, True)]
+        >>> [(g["lr"], g["use_muon"]) for g in muon.param_groups], muon.group_sources
+        ([(0.003, False), (0.003, True)], [0, 0])
     """
     base = optimizer.defaults
-    groups = [
-        {k: v for k, v in g.items() if k in ("params", "lr", "weight_decay", "name", "lr_mult", "initial_lr")}
-        for g in optimizer.param_groups
-    ]
-    split, report = muon_param_groups(module, groups, conv)
-    args: dict[str, Any] = {"lr": base.get("lr", 1e-3), "weight_decay": base.get("weight_decay", 0.0)}
+    scale = 1.0 if lr is None else lr / float(base.get("lr", lr))
+    kinds, report = assign_muon(module, conv)
+    split: list[dict[str, Any]] = []
+    sources: list[int] = []
+    for index, group in enumerate(optimizer.param_groups):
+        kept = {k: v for k, v in group.items() if k in _CARRIED_GROUP_KEYS}
+        for key in _LR_KEYS:
+            if key in kept:
+                kept[key] = kept[key] * scale
+        parts = _split_group(kept, kinds)
+        split += parts
+        sources += [index] * len(parts)
+    args: dict[str, Any] = {"lr": float(base.get("lr", 1e-3)) * scale, "weight_decay": base.get("weight_decay", 0.0)}
     if "betas" in base:
         args["betas"] = tuple(base["betas"])
     if "eps" in base:
@@ -424,7 +448,25 @@ def muon_from_optimizer(
     args.update(kwargs)
     muon = MuonWithAdamW(split, **args)
     muon.assignment = report  # type: ignore[attr-defined]
+    muon.group_sources = sources  # type: ignore[attr-defined]
     return muon
+
+
+# what a user's param group carries into the hybrid (the rest are the user optimizer's own settings)
+_CARRIED_GROUP_KEYS = (
+    "params",
+    "lr",
+    "weight_decay",
+    "name",
+    "lr_mult",
+    "initial_lr",
+    "max_lr",
+    "min_lr",
+    "betas",
+    "max_momentum",
+    "base_momentum",
+)
+_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 
 
 def create_muon(

@@ -95,13 +95,16 @@ def test_muon_assignment_minimal_gpt_with_tied_head() -> None:
     _, report = assign_muon(TinyGPT())
     assert sorted({n.split(".", 2)[2] for n in report.muon}) == ["fc.weight", "out.weight", "proj.weight", "qkv.weight"]
     assert len(report.muon) == 8
-    assert report.adamw["wte.weight"] == "embedding, tied"  # the tied head is the same tensor: one entry
+    assert report.adamw["wte.weight"] == "tied embedding"  # the tied head is the same tensor: one entry
     assert "lm_head.weight" not in report.adamw and "lm_head.weight" not in report.muon
     assert report.adamw["wpe.weight"] == "embedding"
     assert report.adamw["blocks.0.ln1.weight"] == "not 2-D" and report.adamw["blocks.1.qkv.bias"] == "not 2-D"
     text = report.to_text()
-    assert text.startswith("Muon for 8 matrices (blocks.*.qkv.weight, blocks.*.proj.weight, blocks.*.fc.weight, +1")
-    assert "1 embedding, tied (wte.weight)" in text and text.endswith("convolutions on adamw")
+    assert text == (
+        "Muon: 8 matrices (blocks.*.qkv.weight, +3 more); AdamW: 20 (1 tied embedding, 1 embedding, 18 not 2-D); "
+        "convs on AdamW"
+    )
+    assert "adamw wte.weight  (tied embedding)" in report.details().splitlines()
 
 
 def test_muon_assignment_untied_head_by_name_and_last_linear() -> None:
@@ -147,7 +150,7 @@ def test_muon_assignment_hf_gpt2_conv1d_and_tied_head() -> None:
         "mlp.c_fc.weight",
         "mlp.c_proj.weight",
     ]
-    assert report.adamw["transformer.wte.weight"] == "embedding, tied"
+    assert report.adamw["transformer.wte.weight"] == "tied embedding"
     assert report.adamw["transformer.wpe.weight"] == "embedding"
     assert all(why == "not 2-D" for n, why in report.adamw.items() if "ln_" in n)
 
