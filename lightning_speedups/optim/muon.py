@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +45,15 @@ __all__ = [
     "HEAD_NAMES",
     "MuonAssignment",
     "MuonWithAdamW",
+    "NS_DTYPES",
     "assign_muon",
+    "newton_schulz_dtype",
     "muon_from_optimizer",
     "muon_param_groups",
 ]
 
 ADJUST_LR_FNS = ("match_rms_adamw", "original", "spectral_unclamped")
+NS_DTYPES = ("auto", "bfloat16", "float32")
 CONV_MODES = ("adamw", "muon")
 # top-level names of output heads in torchvision, timm, Hugging Face and minimal GPT code
 HEAD_NAMES = ("lm_head", "head", "heads", "fc", "classifier", "output", "out_proj_head", "score", "qa_outputs")
@@ -248,6 +252,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
             (the RMS of an AdamW update, so AdamW's lr carries over), ``"original"`` (Keller Jordan's, which wants
             lrs near 0.02) or ``"spectral_unclamped"``.
         ns_steps: Newton-Schulz iterations.
+        ns_dtype: the dtype of the Newton-Schulz iterations: ``"bfloat16"`` (torch's Muon, fast where bf16 matmuls
+            are), ``"float32"`` (CPUs without bf16 units emulate bf16 at a fraction of fp32's speed), or ``"auto"``:
+            bf16 on a GPU, and on a CPU whichever of the two :func:`newton_schulz_dtype` times faster on it.
         warmup_steps: the first steps ramp every group's lr linearly up to its value (on top of any scheduler); a
             short warm-up keeps Muon's first, largest updates from spiking the loss. 0 disables it.
         fused: AdamW's fused kernel (``None``: torch's default).
@@ -275,6 +282,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         adjust_lr_fn: str = "match_rms_adamw",
         ns_steps: int = 5,
+        ns_dtype: str = "auto",
         warmup_steps: int = 10,
         fused: bool | None = None,
         foreach: bool | None = None,
@@ -284,6 +292,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         check_range("momentum", momentum, 0, 1, high_inclusive=False)
         check_choice("adjust_lr_fn", adjust_lr_fn, ADJUST_LR_FNS)
         check_int("ns_steps", ns_steps, 1, 99)
+        check_choice("ns_dtype", ns_dtype, NS_DTYPES)
         check_int("warmup_steps", warmup_steps, 0)
         self._adamw = torch.optim.AdamW([torch.zeros(1)], lr=lr, betas=betas, eps=eps, fused=fused, foreach=foreach)
         self._muon = torch.optim.Muon([torch.zeros(1, 1)], lr=lr, momentum=momentum, adjust_lr_fn=adjust_lr_fn)
@@ -296,6 +305,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
             ns_steps=ns_steps,
             adjust_lr_fn=adjust_lr_fn,
             ns_coefficients=_NS_COEFFICIENTS,
+            ns_dtype=ns_dtype,
             use_muon=False,
             warmup_steps=warmup_steps,
             steps_taken=0,
@@ -332,27 +342,35 @@ class MuonWithAdamW(torch.optim.Optimizer):
             g["steps_taken"] += 1
         try:
             self._step_part(self._adamw, "adamw")
-            self._step_part(self._muon, "matrix")
             for g in self.param_groups:
-                if g["muon_kind"] == "conv":
-                    self._conv_step(g)
+                if g["muon_kind"] == "adamw":
+                    continue
+                dtype = _ns_dtype(g)
+                if g["muon_kind"] == "matrix" and dtype == torch.bfloat16:
+                    self._step_part(self._muon, g)  # torch's own Muon, bf16 Newton-Schulz
+                else:
+                    self._own_step(g, dtype)
         finally:
             for g, lr in zip(self.param_groups, saved):
                 g["lr"] = lr
         return loss
 
-    def _step_part(self, inner: torch.optim.Optimizer, kind: str) -> None:
+    def _step_part(self, inner: torch.optim.Optimizer, kind_or_group: str | dict[str, Any]) -> None:
         # the inner optimizer steps our groups (shared dicts) and our state, whatever replaced them since (a resume,
         # a rebuild after pruning): it never holds a parameter of its own
-        groups = [g for g in self.param_groups if g["muon_kind"] == kind]
+        if isinstance(kind_or_group, dict):
+            groups = [kind_or_group]
+        else:
+            groups = [g for g in self.param_groups if g["muon_kind"] == kind_or_group]
         if not groups:
             return
         inner.param_groups = groups
         inner.state = self.state
         inner.step()
 
-    def _conv_step(self, group: dict[str, Any]) -> None:
-        """Muon's update on each kernel viewed as its ``(out, in * k...)`` matrix (torch's Muon takes 2-D only)."""
+    def _own_step(self, group: dict[str, Any], dtype: torch.dtype) -> None:
+        """Muon's update, as ``torch.optim.Muon`` makes it, with the Newton-Schulz iterations in ``dtype``; a kernel is
+        viewed as its ``(out, in * k...)`` matrix (torch's Muon takes 2-D tensors only)."""
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -363,9 +381,49 @@ class MuonWithAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(grad, 1 - group["momentum"])
             update = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-            update = _orthogonalize(update, group["ns_steps"], group["eps"])
+            update = _orthogonalize(update, group["ns_steps"], group["eps"], dtype)
             p.mul_(1 - group["lr"] * group["weight_decay"])
             p.add_(update.view_as(p), alpha=-group["lr"] * _lr_ratio(group["adjust_lr_fn"], update.shape))
+
+
+# device type -> the Newton-Schulz dtype "auto" chose there (measured once per process on a CPU)
+_NS_CHOICE: dict[str, torch.dtype] = {}
+
+
+def _ns_dtype(group: Mapping[str, Any]) -> torch.dtype:
+    if group["ns_dtype"] != "auto":
+        return getattr(torch, group["ns_dtype"])
+    return newton_schulz_dtype(group["params"][0].device)
+
+
+def newton_schulz_dtype(device: torch.device | str, size: tuple[int, int] = (256, 1024)) -> torch.dtype:
+    """The faster dtype for Muon's Newton-Schulz iterations on ``device``: bf16 on a GPU; on a CPU, timed once.
+
+    A CPU with bf16 units (AMX, AVX512-BF16) runs the iterations' matmuls in bf16 faster than in fp32, one without
+    them emulates bf16 several times slower. One iteration set on a ``size`` matrix in each dtype (after a warm-up
+    pass, the faster of three) decides, and the choice is kept for the process.
+
+    Example::
+
+        >>> newton_schulz_dtype("cpu") in (torch.bfloat16, torch.float32)
+        True
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        return torch.bfloat16
+    if "cpu" not in _NS_CHOICE:
+        matrix = torch.randn(size, generator=torch.Generator().manual_seed(0))
+        seconds = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            _orthogonalize(matrix, 5, 1e-7, dtype)
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                _orthogonalize(matrix, 5, 1e-7, dtype)
+                times.append(time.perf_counter() - start)
+            seconds[dtype] = min(times)
+        _NS_CHOICE["cpu"] = min(seconds, key=seconds.__getitem__)
+    return _NS_CHOICE["cpu"]
 
 
 def _warmup_factor(group: Mapping[str, Any]) -> float:
@@ -383,11 +441,11 @@ def _lr_ratio(adjust_lr_fn: str, shape: torch.Size) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
-def _orthogonalize(matrix: torch.Tensor, steps: int, eps: float) -> torch.Tensor:
-    """The nearest semi-orthogonal matrix, approximately: Newton-Schulz's quintic iteration in bf16, with the same
-    operations as ``torch.optim.Muon`` so a kernel steps exactly as its matrix would there."""
+def _orthogonalize(matrix: torch.Tensor, steps: int, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """The nearest semi-orthogonal matrix, approximately: Newton-Schulz's quintic iteration in ``dtype``, with the
+    same operations as ``torch.optim.Muon`` (in bf16, a kernel steps exactly as its matrix would there)."""
     a, b, c = _NS_COEFFICIENTS
-    x = matrix.bfloat16()
+    x = matrix.to(dtype)
     tall = x.size(0) > x.size(1)
     if tall:
         x = x.T

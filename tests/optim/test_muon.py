@@ -177,7 +177,7 @@ def test_muon_parts_step_as_torchs_own_optimizers() -> None:
     net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
     ref = copy.deepcopy(net)
     groups, _ = muon_param_groups(net, [{"params": list(net.parameters())}])
-    hybrid = MuonWithAdamW(groups, lr=0.02, weight_decay=0.1, warmup_steps=0)
+    hybrid = MuonWithAdamW(groups, lr=0.02, weight_decay=0.1, warmup_steps=0, ns_dtype="bfloat16")
     hidden = [ref[0].weight, ref[2].weight]
     rest = [p for p in ref.parameters() if all(p is not h for h in hidden)]
     muon = torch.optim.Muon(hidden, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
@@ -198,7 +198,7 @@ def test_muon_conv_kernels_step_as_their_matrix() -> None:
     torch.manual_seed(0)
     conv = nn.Conv2d(4, 6, 3)
     matrix = nn.Parameter(conv.weight.detach().reshape(6, -1).clone())
-    hybrid = MuonWithAdamW([{"params": [conv.weight], "use_muon": True}], lr=0.01, warmup_steps=0)
+    hybrid = MuonWithAdamW([{"params": [conv.weight], "use_muon": True}], lr=0.01, warmup_steps=0, ns_dtype="bfloat16")
     assert hybrid.param_groups[0]["muon_kind"] == "conv"
     muon = torch.optim.Muon([matrix], lr=0.01, adjust_lr_fn="match_rms_adamw")
     for _ in range(3):
@@ -208,6 +208,24 @@ def test_muon_conv_kernels_step_as_their_matrix() -> None:
         hybrid.step()
         muon.step()
     torch.testing.assert_close(conv.weight.detach().reshape(6, -1), matrix.detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_muon_float32_newton_schulz_is_the_same_update_more_precisely() -> None:
+    """The fp32 iterations (for CPUs without bf16 units) give torch's bf16 update up to bf16's rounding."""
+    torch.manual_seed(0)
+    weights = {dtype: nn.Parameter(torch.randn(16, 48)) for dtype in ("bfloat16", "float32")}
+    weights["float32"].data.copy_(weights["bfloat16"].data)
+    opts = {
+        dtype: MuonWithAdamW([{"params": [w], "use_muon": True}], lr=0.01, warmup_steps=0, ns_dtype=dtype)
+        for dtype, w in weights.items()
+    }
+    for _ in range(3):
+        grad = torch.randn(16, 48)
+        for dtype, w in weights.items():
+            w.grad = grad.clone()
+            opts[dtype].step()
+    moved = (weights["float32"] - weights["bfloat16"]).abs().max()
+    assert 0 < moved < 2e-3  # differs (its own path), by bf16 rounding only
 
 
 def test_muon_warmup_ramps_every_group_and_keeps_the_scheduled_lr() -> None:
@@ -337,6 +355,8 @@ def test_muon_misconfiguration() -> None:
         create_optimizer(list(nn.Linear(2, 2).parameters()), OptimizerConfig("muon"))
     with pytest.raises(SpeedupConfigError, match=r"`adjust_lr_fn`='rms'.*'match_rms_adamw', 'original'"):
         create_optimizer(TinyGPT(), OptimizerConfig("muon", kwargs={"adjust_lr_fn": "rms"}))
+    with pytest.raises(SpeedupConfigError, match=r"`ns_dtype`='half' is not supported.*'auto', 'bfloat16', 'float32'"):
+        create_optimizer(TinyGPT(), OptimizerConfig("muon", kwargs={"ns_dtype": "half"}))
     with pytest.raises(SpeedupConfigError, match=r"`warmup_steps`=-1 is out of range"):
         create_optimizer(TinyGPT(), OptimizerConfig("muon", kwargs={"warmup_steps": -1}))
     with pytest.raises(SpeedupConfigError, match=r"`use_muon`=True on a group 'x' whose tensors have \[1\] dim"):
