@@ -61,7 +61,7 @@ SMALL_NOTE = "small build (smoke test: the verdict does not apply)"
 TOLERANCES: dict[str, float] = {"acc": 0.01, "iou": 0.01, "loss": 0.02, "psnr": 0.1}
 
 
-class _NoLr(Exception):
+class NoLr(Exception):
     """The task's module has no numeric ``lr`` to set: the task is skipped, with this reason."""
 
 
@@ -76,14 +76,14 @@ def tolerance(metric: str) -> float | None:
     return next((tol for key, tol in TOLERANCES.items() if key in metric.lower()), None)
 
 
-def _with_lr(w: Workload, factor: float, seen: dict[str, float]) -> Workload:
+def with_lr(w: Workload, factor: float, seen: dict[str, float]) -> Workload:
     """``w`` whose build sets ``model.lr`` to ``factor`` x the module's own lr (noted in ``seen``)."""
 
     def build(seed: int, small: bool = False) -> Any:
         model, data = w.build(seed, small=small)
         base = getattr(model, "lr", None)
         if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
-            raise _NoLr(f"{type(model).__name__} has no positive numeric `lr` attribute (found {base!r}); the grid "
+            raise NoLr(f"{type(model).__name__} has no positive numeric `lr` attribute (found {base!r}); the grid "
                         "multiplies the task's own lr, read by its configure_optimizers")  # fmt: skip
         seen["task_lr"], seen["lr"] = float(base), float(base) * factor
         model.lr = seen["lr"]
@@ -121,7 +121,7 @@ def _measure(w: Workload, seed: int, method: str, factor: float | None, quick: b
     if method == "lr_finder":
         finder = LRFinder(num_training_steps=QUICK_FINDER_STEPS) if quick else LRFinder()
     overrides = {**(QUICK_OVERRIDES if quick else {}), "default_root_dir": root}  # the range test's checkpoint
-    result = time_to_target(_with_lr(w, 1.0 if factor is None else factor, seen), seed,
+    result = time_to_target(with_lr(w, 1.0 if factor is None else factor, seen), seed,
                             callbacks=[finder] if finder else [], trainer_overrides=overrides, small=quick)  # fmt: skip
     row = _base_row(w, seed, method, quick)
     row.update(lr_factor=factor, task_lr=seen["task_lr"], lr=seen["lr"], quality=result["final"],
@@ -191,7 +191,7 @@ def _run_task_seed(w: Workload, seed: int, rows: list[dict[str, Any]], path: Pat
             continue
         try:
             row = _measure(w, seed, method, factor, quick, root)
-        except _NoLr as reason:
+        except NoLr as reason:
             row = {**_base_row(w, seed, "skipped", quick), "notes": _join(SMALL_NOTE if quick else "", str(reason))}
         row["machine"] = machine
         rows.append(row)

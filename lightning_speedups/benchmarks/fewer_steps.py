@@ -1,0 +1,358 @@
+"""Fewer steps to the target: Muon, schedule-free AdamW and WSD against each task's own optimizer, on the suite.
+
+Per task, seed and learning-rate factor the planned run of the workload
+(:func:`~lightning_speedups.benchmarks.workloads.time_to_target`, its own length and validations) is trained with:
+
+- ``own``: the task's own optimizer and schedule, as its user wrote them (AdamW or Adam on every suite task);
+- ``muon``: the same optimizer as the Muon hybrid (:class:`~lightning_speedups.Muon`: groups, lr and schedule kept;
+  convolution kernels on AdamW), on tasks with a hidden matrix;
+- ``muon_conv``: the hybrid with the convolution kernels on Muon too (``conv="muon"``), on tasks with convolutions;
+- ``schedule_free_adamw``: ``AdamWScheduleFree`` at the task's lr, betas and weight decay, evaluated at its average
+  (:class:`~lightning_speedups.ScheduleFreeSwitch`); the task's own schedule is dropped (schedule-free takes none);
+- ``wsd``: the task's optimizer under ``FastSchedule(decay="wsd", peak_factor=1)`` (5% warm-up, constant, a cool-down
+  over the last 20%), on tasks whose module returns no schedule of its own.
+
+The factors are 1 (the task's own lr) and the best factor of the LR grid for the task (``docs/_data/lr_grid.json``:
+the task's own optimizer at 0.1x-10x its lr, best final quality), each applied to every method through ``model.lr``.
+A row holds the time and steps to the target (``None``: not reached in the planned run), the final and best
+quality, and the whole run's training seconds. Methods run in a rotating order per seed, so a drift of the machine's
+speed falls on all of them alike. The JSON is rewritten atomically after each row; a re-run skips the rows it holds.
+
+``--no-bf16`` runs Muon's Newton-Schulz iterations in fp32 (what a CPU without bf16 units gets from
+``ns_dtype="auto"``); otherwise ``"auto"`` chooses on this machine. The other methods run in fp32 either way.
+
+Run: ``python -m lightning_speedups.benchmarks.fewer_steps --json docs/_data/fewer_steps.json [--tasks a,b]
+[--methods own,muon] [--seeds 0,1,2] [--no-bf16] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from lightning_speedups._errors import SpeedupConfigError, check_choice
+from lightning_speedups.benchmarks._common import comma_list
+from lightning_speedups.benchmarks.lr_grid import QUICK_OVERRIDES, NoLr, with_lr
+from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
+from lightning_speedups.callbacks.fast_schedule import FastSchedule
+from lightning_speedups.callbacks.muon import Muon
+from lightning_speedups.callbacks.schedule_free import ScheduleFreeSwitch
+from lightning_speedups.measure import machine_info
+from lightning_speedups.optim.muon import assign_muon
+from lightning_speedups.optim.schedule_free import create_schedule_free_adamw
+
+__all__ = ["METHODS", "format_summary", "main", "run", "summarize"]
+
+METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd")
+LR_GRID_JSON = Path(__file__).resolve().parents[2] / "docs" / "_data" / "lr_grid.json"
+ROW_KEYS = (
+    "task",
+    "split",
+    "kind",
+    "seed",
+    "method",
+    "lr_factor",
+    "lr",
+    "metric",
+    "mode",
+    "target",
+    "time_to_target_s",
+    "steps_to_target",
+    "final",
+    "best",
+    "steps",
+    "train_s",
+    "notes",
+    "no_bf16",
+    "machine",
+)
+
+
+class _ToScheduleFree(Callback):
+    """At ``on_fit_start``: the module's optimizer becomes ``AdamWScheduleFree`` with its groups, lr, betas and weight
+    decay; its LR schedulers are dropped (schedule-free keeps its own warm-up and takes no schedule)."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        replaced = []
+        for optimizer in trainer.optimizers:
+            groups = [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in optimizer.param_groups]
+            betas = optimizer.defaults.get("betas", (0.9, 0.999))
+            replaced.append(create_schedule_free_adamw(groups, lr=optimizer.defaults["lr"], betas=betas))
+        trainer.strategy.lr_scheduler_configs = []
+        trainer.strategy.optimizers = replaced
+
+
+def _applies(method: str, model: L.LightningModule) -> str | None:
+    """Why ``method`` does not apply to ``model`` (``None``: it does)."""
+    has_conv = any(isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in model.modules())
+    if method == "muon":
+        try:
+            assign_muon(model)
+        except SpeedupConfigError:
+            return "no hidden matrix (every weight is a kernel, an embedding, the head or a vector)"
+    if method == "muon_conv" and not has_conv:
+        return "no convolution"
+    return None
+
+
+def _callbacks(method: str, no_bf16: bool) -> list[Callback]:
+    ns = {"ns_dtype": "float32"} if no_bf16 else {}
+    if method == "muon":
+        return [Muon(**ns)]
+    if method == "muon_conv":
+        return [Muon(conv="muon", **ns)]
+    if method == "schedule_free_adamw":
+        return [_ToScheduleFree(), ScheduleFreeSwitch()]
+    if method == "wsd":
+        return [FastSchedule(warmup=0.05, peak_factor=1.0, decay="wsd", decay_fraction=0.2)]
+    return []
+
+
+def grid_best_factors(path: Path = LR_GRID_JSON) -> dict[str, float]:
+    """The LR grid's best factor per task (median final quality over its seeds, in the task's direction)."""
+    if not path.exists():
+        return {}
+    rows = json.loads(path.read_text())
+    by_task: dict[str, dict[float, list[float]]] = {}
+    modes: dict[str, str] = {}
+    for r in rows:
+        if r.get("method") == "grid" and r.get("quality") is not None:
+            by_task.setdefault(r["task"], {}).setdefault(r["lr_factor"], []).append(r["quality"])
+            modes[r["task"]] = r["mode"]
+    best = {}
+    for task, factors in by_task.items():
+        sign = 1 if modes[task] == "max" else -1
+        best[task] = max(factors, key=lambda f: sign * statistics.median(factors[f]))
+    return best
+
+
+def _measure(task: str, seed: int, method: str, factor: float, no_bf16: bool, quick: bool) -> dict[str, Any]:
+    w = get_workload(task)
+    row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
+    row.update(
+        task=task,
+        split=w.split,
+        kind=w.kind,
+        seed=seed,
+        method=method,
+        lr_factor=factor,
+        metric=w.metric,
+        mode=w.mode,
+        target=w.target,
+        no_bf16=no_bf16,
+        notes="",
+    )
+    probe, _ = w.build(seed, small=True)
+    reason = _applies(method, probe)
+    if reason is not None:
+        row["notes"] = f"not applicable: {reason}"
+        return row
+    seen: dict[str, float] = {}
+    try:
+        result = time_to_target(
+            with_lr(w, factor, seen),
+            seed,
+            callbacks=_callbacks(method, no_bf16),
+            trainer_overrides=QUICK_OVERRIDES if quick else None,
+            small=quick,
+        )
+    except SpeedupConfigError as refusal:  # FastSchedule refuses a module that returns its own schedule
+        row["notes"] = f"not applicable: {str(refusal).split('. ')[0]}"
+        return row
+    row.update(
+        lr=seen["lr"],
+        time_to_target_s=result["time_to_target_s"],
+        steps_to_target=result["steps_to_target"],
+        final=result["final"],
+        best=result["best"],
+        steps=result["steps"],
+        train_s=result["train_s"],
+    )
+    return row
+
+
+def _key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r["task"], r["seed"], r["method"], r["lr_factor"], r["no_bf16"])
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def run(
+    tasks: Sequence[str],
+    methods: Sequence[str] = METHODS,
+    seeds: Sequence[int] = (0, 1, 2),
+    no_bf16: bool = False,
+    path: Path | None = None,
+    quick: bool = False,
+) -> list[dict[str, Any]]:
+    """Train every task x seed x factor x method (rotating the methods' order per seed) and return the rows."""
+    for m in methods:
+        check_choice("methods", m, METHODS)
+    rows: list[dict[str, Any]] = json.loads(path.read_text()) if path is not None and path.exists() else []
+    done = {_key(r) for r in rows}
+    best = grid_best_factors()
+    machine = machine_info()
+    for task in tasks:
+        factors = sorted({1.0, float(best.get(task, 1.0))})
+        for seed in seeds:
+            order = list(methods[seed % len(methods) :]) + list(methods[: seed % len(methods)])
+            for factor in factors:
+                for method in order:
+                    if (task, seed, method, factor, no_bf16) in done:
+                        continue
+                    try:
+                        row = _measure(task, seed, method, factor, no_bf16, quick)
+                    except NoLr as reason:
+                        row = {
+                            **dict.fromkeys(ROW_KEYS),
+                            "task": task,
+                            "seed": seed,
+                            "method": method,
+                            "lr_factor": factor,
+                            "no_bf16": no_bf16,
+                            "notes": f"skipped: {reason}",
+                        }
+                    row["machine"] = machine
+                    rows.append(row)
+                    if path is not None:
+                        _write(path, rows)
+                    _echo(row)
+    return rows
+
+
+def _echo(r: dict[str, Any]) -> None:
+    if r.get("steps") is None:
+        print(f"[fewer_steps] {r['task']} seed {r['seed']} {r['method']} x{r['lr_factor']:g}: {r['notes']}", flush=True)
+        return
+    ttt = (
+        "not reached"
+        if r["time_to_target_s"] is None
+        else f"{r['time_to_target_s']:.1f} s ({r['steps_to_target']} steps)"
+    )
+    print(
+        f"[fewer_steps] {r['task']} seed {r['seed']} {r['method']} x{r['lr_factor']:g}: target {ttt}, "
+        f"final {r['metric']} {r['final']:.4g}, {r['train_s']:.1f} s",
+        flush=True,
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per task, path (bf16 or not) and method: the factor with the shortest median time to the target, its median
+    time, steps and final quality, and ``ratio``: the task's own optimizer's best median time over this one's (> 1:
+    sooner). A run that never reached the target counts as the whole run's time (``reached`` says how many did)."""
+    out = []
+    keys = sorted({(r["task"], r["no_bf16"]) for r in rows if r.get("steps") is not None})
+    for task, no_bf16 in keys:
+        task_rows = [r for r in rows if r["task"] == task and r["no_bf16"] == no_bf16 and r.get("steps") is not None]
+        per: dict[str, dict[str, Any]] = {}
+        for method in METHODS:
+            cells = []
+            for factor in sorted({r["lr_factor"] for r in task_rows if r["method"] == method}):
+                runs = [r for r in task_rows if r["method"] == method and r["lr_factor"] == factor]
+                times = [r["time_to_target_s"] if r["time_to_target_s"] is not None else r["train_s"] for r in runs]
+                steps = [r["steps_to_target"] if r["steps_to_target"] is not None else r["steps"] for r in runs]
+                cells.append(
+                    {
+                        "task": task,
+                        "no_bf16": no_bf16,
+                        "method": method,
+                        "lr_factor": factor,
+                        "time_s": _median(times),
+                        "steps": _median(steps),
+                        "final": _median([r["final"] for r in runs]),
+                        "reached": sum(r["time_to_target_s"] is not None for r in runs),
+                        "runs": len(runs),
+                        "mode": runs[0]["mode"],
+                        "metric": runs[0]["metric"],
+                    }
+                )
+            if cells:
+                per[method] = min(cells, key=lambda c: (-c["reached"], c["time_s"]))
+        base = per.get("own")
+        for cell in per.values():
+            cell["ratio"] = base["time_s"] / cell["time_s"] if base and cell["time_s"] else None
+            out.append(cell)
+    return out
+
+
+def format_summary(cells: list[dict[str, Any]]) -> str:
+    """The summary as a table of at most 120 columns, one line per task and method."""
+    lines = [
+        f"{'task':16} {'path':7} {'method':20} {'lr x':>5} {'reached':>7} {'time to target':>14} "
+        f"{'steps':>6} {'final':>8} {'vs own':>7}"
+    ]
+    for c in cells:
+        path = "no-bf16" if c["no_bf16"] else "auto"
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        lines.append(
+            f"{c['task']:16} {path:7} {c['method']:20} {c['lr_factor']:>5g} {c['reached']:>3}/{c['runs']:<3} "
+            f"{c['time_s']:>12.1f} s {c['steps']:>6.0f} {c['final']:>8.4g} {ratio:>7}"
+        )
+    return "\n".join(lines)
+
+
+def transformer_median(cells: list[dict[str, Any]], method: str = "muon", no_bf16: bool = False) -> float | None:
+    """The median ratio of ``method`` over the transformer tasks of the suite (kinds ``*transformer*``)."""
+    ratios = [
+        c["ratio"]
+        for c in cells
+        if c["method"] == method
+        and c["no_bf16"] == no_bf16
+        and "transformer" in get_workload(c["task"]).kind
+        and c["ratio"] is not None
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, default=None, help="rows file (re-runs skip the rows it holds)")
+    parser.add_argument("--tasks", default=None, help="comma-separated workloads (default: all)")
+    parser.add_argument("--methods", default=None, help=f"comma-separated, from {', '.join(METHODS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--no-bf16", action="store_true", help="Muon's Newton-Schulz in fp32")
+    parser.add_argument("--quick", action="store_true", help="smoke test: small builds, 2 steps")
+    parser.add_argument("--summary-only", action="store_true", help="print the summary of --json, train nothing")
+    args = parser.parse_args(argv)
+    tasks = comma_list(args.tasks) or list_workloads()
+    methods = comma_list(args.methods) or list(METHODS)
+    seeds = [int(s) for s in comma_list(args.seeds) or ["0"]]
+    if args.summary_only:
+        if args.json is None or not args.json.exists():
+            raise SpeedupConfigError("`--summary-only` needs an existing `--json` file. Allowed values: a rows file.")
+        rows = json.loads(args.json.read_text())
+    else:
+        torch.set_float32_matmul_precision("highest")
+        rows = run(tasks, methods, seeds, args.no_bf16, args.json, args.quick)
+    cells = summarize(rows)
+    print(format_summary(cells))
+    for no_bf16 in sorted({c["no_bf16"] for c in cells}):
+        median = transformer_median(cells, "muon", no_bf16)
+        if median is not None and not math.isnan(median):
+            print(f"Muon on the transformer tasks ({'no-bf16' if no_bf16 else 'auto'}): median {median:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
