@@ -19,10 +19,12 @@ from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.finetuning import FineTuneConfig, FineTuneFreezing
 from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
 from lightning_speedups.callbacks.lr_finder import LRFinder
+from lightning_speedups.callbacks.muon import Muon
 from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizing
 from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
+from lightning_speedups.callbacks.schedule_free import ScheduleFreeSwitch
 from lightning_speedups.callbacks.sequence_batching import SequenceBatching
 from lightning_speedups.callbacks.speed_flags import SpeedFlags
 from lightning_speedups.callbacks.token_throughput import TokenThroughput
@@ -79,9 +81,12 @@ from lightning_speedups.optim import (
     list_optimizers,
     list_schedulers,
     plot_lr_schedule,
+    recompute_batchnorm,
     register_optimizer,
     register_scheduler,
     scale_lr,
+    schedule_free_eval,
+    schedule_free_train,
     suggest_lr,
 )
 
@@ -133,8 +138,10 @@ __all__ = [
     "TorchCompile",
     "EMA",
     "FastSchedule",
+    "Muon",
     "LabelSmoothing",
     "ProgressiveResizing",
+    "ScheduleFreeSwitch",
     "SequenceBatching",
     "TokenThroughput",
     # data on the device
@@ -189,8 +196,11 @@ __all__ = [
     "list_schedulers",
     "plot_lr_schedule",
     "register_optimizer",
+    "recompute_batchnorm",
     "register_scheduler",
     "scale_lr",
+    "schedule_free_eval",
+    "schedule_free_train",
     "suggest_lr",
     # autotune
     "TunePlan",

@@ -51,6 +51,7 @@ TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "channels_last_trial": ("techniques/channels_last", ()),
     "compile": ("techniques/compile", ("compile",)),
     "optim": ("techniques/optim", ("optim",)),
+    "schedule_free": ("techniques/optim", ()),
     "finetune": ("techniques/finetune", ("finetune",)),
     "lr_finder": ("techniques/lr_finder", ()),
     "pruning": ("techniques/pruning", ("pruning",)),

@@ -21,6 +21,7 @@ from lightning_speedups.optim.optimizers import (
     register_optimizer,
 )
 from lightning_speedups.optim.plots import plot_lr_finder, plot_lr_schedule, simulate_lr_schedule
+from lightning_speedups.optim.precise_bn import recompute_batchnorm
 from lightning_speedups.optim.schedule_free import (
     ModeSwitch,
     create_schedule_free_adamw,
@@ -28,7 +29,6 @@ from lightning_speedups.optim.schedule_free import (
     eval_weights_into_checkpoint,
     in_train_mode,
     is_schedule_free,
-    recompute_batchnorm,
     schedule_free_eval,
     schedule_free_train,
 )

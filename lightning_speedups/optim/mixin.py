@@ -17,6 +17,13 @@ from lightning_speedups.optim.config import (
     as_scheduler_config,
 )
 from lightning_speedups.optim.optimizers import create_optimizer, get_optimizer_info
+from lightning_speedups.optim.schedule_free import (
+    DEFAULT_BN_BATCHES,
+    check_schedule_free_config,
+    eval_weights_into_checkpoint,
+    fit_eval_weights,
+    fit_train_weights,
+)
 from lightning_speedups.optim.schedulers import create_scheduler, lightning_scheduler_config
 
 __all__ = ["SpeedupMixin", "effective_batch_size"]
@@ -49,9 +56,18 @@ class SpeedupMixin:
         optimizer_config: :class:`OptimizerConfig`, dict of its fields, or ``None`` (Adam, lr 1e-3).
         scheduler_config: :class:`SchedulerConfig`, dict of its fields, or ``None`` (no scheduler: constant lr).
 
+    A schedule-free optimizer (``OptimizerConfig("schedule_free_adamw")`` or ``"schedule_free_sgd"``) takes no
+    scheduler (refused at construction) and is switched at the right hooks: train weights before every training step
+    (``on_train_batch_start``), eval weights with refreshed BatchNorm statistics at ``on_validation_start``,
+    ``on_test_start``, ``on_predict_start`` and ``on_train_end``, and eval weights in every checkpoint
+    (``on_save_checkpoint``). If you override one of these hooks, call ``super()``, or add the
+    :class:`~lightning_speedups.callbacks.schedule_free.ScheduleFreeSwitch` callback, which does the same.
+
     Attributes:
         optimizer_config: always an :class:`OptimizerConfig` after ``__init__``.
         scheduler_config: a :class:`SchedulerConfig` or ``None``.
+        schedule_free_bn_batches: training batches that refresh BatchNorm statistics at a schedule-free optimizer's
+            eval weights (0: off; no effect on models without BatchNorm).
 
     Example::
 
@@ -66,12 +82,15 @@ class SpeedupMixin:
         ('SGD', 'epoch')
     """
 
+    schedule_free_bn_batches: int = DEFAULT_BN_BATCHES
+
     def __init__(self, *args: Any, optimizer_config: Any = None, scheduler_config: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # remember whether the user gave them, so configs saved in hparams can fill the gaps later
         self._speedup_defaults = (optimizer_config is None, scheduler_config is None)
         self.optimizer_config: OptimizerConfig = as_optimizer_config(optimizer_config)
         self.scheduler_config: SchedulerConfig | None = as_scheduler_config(scheduler_config)
+        self._speedup_schedule_free = _schedule_free(self.optimizer_config, self.scheduler_config)
 
     def _resolved_configs(self) -> tuple[OptimizerConfig, SchedulerConfig | None]:
         opt_cfg: Any = self.optimizer_config
@@ -93,6 +112,7 @@ class SpeedupMixin:
                 the run length in an unbounded run, a warm-up longer than the run.
         """
         opt_cfg, sched_cfg = self._resolved_configs()
+        self._speedup_schedule_free = _schedule_free(opt_cfg, sched_cfg)
         batch = effective_batch_size(self) if opt_cfg.lr_scaling else None
         if opt_cfg.lr_scaling and batch is None:
             raise SpeedupConfigError(
@@ -121,3 +141,48 @@ class SpeedupMixin:
         # rebuild pruned / quantized structure before Lightning's strict load_state_dict
         apply_structure_records(self, checkpoint)  # type: ignore[arg-type]
         super().on_load_checkpoint(checkpoint)  # type: ignore[misc]
+
+    # schedule-free optimizers: the same steps as the ScheduleFreeSwitch callback (both idempotent, so both may run)
+    def _schedule_free_trainer(self) -> Any:
+        return getattr(self, "_trainer", None) if getattr(self, "_speedup_schedule_free", False) else None
+
+    def _schedule_free_eval(self) -> None:
+        trainer = self._schedule_free_trainer()
+        if trainer is not None:
+            fit_eval_weights(trainer, self, self.schedule_free_bn_batches)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        trainer = self._schedule_free_trainer()
+        if trainer is not None:
+            fit_train_weights(trainer)
+        return super().on_train_batch_start(batch, batch_idx)  # type: ignore[misc]
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()  # type: ignore[misc]
+        self._schedule_free_eval()
+
+    def on_test_start(self) -> None:
+        super().on_test_start()  # type: ignore[misc]
+        self._schedule_free_eval()
+
+    def on_predict_start(self) -> None:
+        super().on_predict_start()  # type: ignore[misc]
+        self._schedule_free_eval()
+
+    def on_train_end(self) -> None:
+        super().on_train_end()  # type: ignore[misc]
+        self._schedule_free_eval()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)  # type: ignore[misc]
+        trainer = self._schedule_free_trainer()
+        if trainer is not None:
+            eval_weights_into_checkpoint(self, trainer.optimizers, checkpoint)  # type: ignore[arg-type]
+
+
+def _schedule_free(opt_cfg: OptimizerConfig, sched_cfg: SchedulerConfig | None) -> bool:
+    """Whether the optimizer config is schedule-free; such a one refuses a scheduler config beside it."""
+    if not get_optimizer_info(opt_cfg.name).schedule_free:
+        return False
+    check_schedule_free_config(opt_cfg.name, sched_cfg)
+    return True

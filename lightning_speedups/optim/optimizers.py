@@ -20,6 +20,7 @@ from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.optim._fused_momentum import guard_fused_momentum
 from lightning_speedups.optim.config import OptimizerConfig, as_optimizer_config, scale_lr, set_registry_check
 from lightning_speedups.optim.muon import create_muon
+from lightning_speedups.optim.schedule_free import create_schedule_free_adamw, create_schedule_free_sgd
 
 __all__ = [
     "OptimizerInfo",
@@ -56,6 +57,8 @@ class OptimizerInfo:
         needs_module: the factory also takes ``module=`` (the model), to split the groups by layer (``muon``).
         shardable: works when a strategy shards the parameters (FSDP, DeepSpeed). ``False`` for optimizers that need
             whole matrices (``muon`` orthogonalises each one): the mixin refuses them under a sharded strategy.
+        schedule_free: switches its weights with ``train()`` / ``eval()`` and takes no LR scheduler; the mixin switches
+            it at the right hooks (see :mod:`lightning_speedups.optim.schedule_free`).
     """
 
     name: str
@@ -67,6 +70,7 @@ class OptimizerInfo:
     summary: str = ""
     needs_module: bool = False
     shardable: bool = True
+    schedule_free: bool = False
 
     def accepts(self, kwarg: str) -> bool:
         """Whether the factory takes keyword ``kwarg`` (e.g. ``fused``, ``foreach``)."""
@@ -163,6 +167,26 @@ register_optimizer(
         summary="Muon for hidden matrices, AdamW for embeddings, head and vectors (one lr)",
         needs_module=True,
         shardable=False,
+    )
+)
+register_optimizer(
+    OptimizerInfo(
+        "schedule_free_adamw",
+        create_schedule_free_adamw,
+        betas=True,
+        summary="schedule-free AdamW: no LR schedule, evaluates the average (extra `schedulefree`)",
+        shardable=False,
+        schedule_free=True,
+    )
+)
+register_optimizer(
+    OptimizerInfo(
+        "schedule_free_sgd",
+        create_schedule_free_sgd,
+        momentum=True,
+        summary="schedule-free SGD: no LR schedule, evaluates the average (extra `schedulefree`)",
+        shardable=False,
+        schedule_free=True,
     )
 )
 

@@ -55,7 +55,8 @@ def _fit(name: str, impl: str, frozen: bool, ckpt_dir, max_epochs: int, ckpt_pat
             implementation=impl,
             kwargs=_CNN_KWARGS.get(name, {}),
         ),
-        scheduler_config=SchedulerConfig("onecycle"),
+        # a schedule-free optimizer replaces the schedule (the mixin refuses one beside it)
+        scheduler_config=None if get_optimizer_info(name).schedule_free else SchedulerConfig("onecycle"),
     )
     callbacks: list[L.Callback] = [ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}", save_top_k=-1)]
     if frozen:  # the head (and, for SGD, its momentum buffers) steps 2 epochs before the backbone joins its group
