@@ -156,8 +156,10 @@ def test_a_method_named_explicitly_is_added_for_any_kind_with_an_honest_note():
     plan = _plan(_TokenClassifier("transformer"), _tokens(), methods=["ema"])
     (choice,) = plan.choices
     assert choice.name == "ema" and [type(cb) for cb in plan.callbacks] == [EMA]
-    assert "no bench evidence for transformer models (the default plan has it for no model kind): added because " \
-           "`methods` names it" in choice.note
+    assert (
+        "no bench evidence for transformer models (the default plan has it for no model kind): added because "
+        "`methods` names it" in choice.note
+    )
     assert not any("not added" in n for n in plan.notes)
     text = plan.to_text()
     assert "[6, 6, 7, 5]" not in text and "digits" not in text
@@ -176,3 +178,66 @@ def test_a_conv_model_gets_the_methods_only_when_named():
     assert "[3, 4, 3, 3]" in ema_note and "segment_unet (slower with it)" in ema_note
     assert ema_note.count("added because `methods` names it") == 1
     assert not any("not added" in n for n in named.notes)
+
+
+# ---- kinds read from one forward when the source of `forward` cannot be read (issue 51)
+def _windows(n: int = 16, length: int = 16) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, 64, (n, length + 1), generator=g)
+    return DataLoader(TensorDataset(seq[:, :-1], seq[:, 1:]), batch_size=8)
+
+
+def test_model_kind_of_decoder_lms():
+    from tests.lm_models import LMModule, MiniGPT
+
+    assert model_kind(MiniGPT()) == "transformer"  # its source calls scaled_dot_product_attention (and names `attn`)
+    assert model_kind(LMModule("mini")) == "transformer"
+    pytest.importorskip("transformers")
+    assert model_kind(LMModule("gpt2")) == "transformer"  # a PreTrainedModel inside
+
+
+def test_model_kind_from_one_forward_when_the_source_cannot_be_read():
+    from tests.lm_models import exec_classes
+
+    built = exec_classes()  # classes built by `exec`: inspect.getsource fails, no attention in any name
+    gpt, mlp = built["ExecGPT"](), built["ExecMLP"]()
+    batch = next(iter(_windows()))
+    assert model_kind(gpt) == "mlp"  # nothing to read and no batch: the module rules only
+    gpt.train()
+    before = {k: v.clone() for k, v in gpt.state_dict().items()}
+    assert model_kind(gpt, batch) == "transformer"  # matmul, softmax over scores, matmul: attention by hand
+    assert gpt.training and all(torch.equal(v, before[k]) for k, v in gpt.state_dict().items())
+    assert model_kind(mlp, torch.zeros(8, 8)) == "mlp"  # a softmax over 2-D outputs after linear layers
+    namespace = {"nn": nn, "F": nn.functional}
+    exec(  # noqa: S102 - a forward with no source, calling SDPA
+        "class Sdpa(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.p = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n        x = self.p(x)\n        return F.scaled_dot_product_attention(x, x, x)\n",
+        namespace,
+    )
+    assert model_kind(namespace["Sdpa"](), torch.zeros(2, 4, 8)) == "transformer"
+    assert model_kind(namespace["Sdpa"](), torch.zeros(2, 4, 3)) == "mlp"  # no form of the batch runs: no trace
+
+
+def test_autotune_reads_the_kind_of_an_exec_built_gpt_from_its_first_batch():
+    from tests.lm_models import exec_classes
+
+    net = exec_classes()["ExecGPT"]
+
+    class ExecLM(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = net()
+
+        def forward(self, idx, targets=None):
+            return self.model(idx, targets)
+
+        def training_step(self, batch, batch_idx):
+            return self(*batch)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    plan = _plan(ExecLM(), _windows())
+    (note,) = [n for n in plan.notes if "not added" in n]
+    assert "no evidence for this model kind (transformer)" in note

@@ -29,6 +29,7 @@ WARN_LINES, MAX_LINES = 400, 600
 # listed here, such as `_measure`, share its layer); modules not listed are not checked for arrows up
 LAYERS: dict[str, int] = {
     "_errors": 0, "_registry": 0, "_compat": 0, "_structure": 0, "_inputs": 0, "_rebuild": 0, "_settings_vocab": 0,
+    "_heads": 0,
     "measure": 1, "_measure": 1, "_peak": 1,
     "optim": 2, "data": 2, "demo": 2,
     "functional": 3,

@@ -81,7 +81,8 @@ SAMPLE: dict[str, tuple[str, ...]] = {
     "hf_wav2vec2": ("pruning_mask", "pruning", "quantize_for_inference"),
     "tv_shufflenet_v2_x0_5": ("pruning", "pruning_mask"),  # channel shuffle
     "mixer_tiny": ("pruning", "qat"),  # token-mixing MLP
-    "hf_gpt2": ("pruning", "pruning_mask", "sequence_batching"),  # tied input / output embeddings
+    # tied input / output embeddings, HF Conv1D layers: the tied lm_head found and trained, Conv1D masked
+    "hf_gpt2": ("pruning", "pruning_mask", "sequence_batching", "finetune"),
     "hf_llama": ("pruning",),  # rotary embeddings: torch-pruning's dependency propagation loops
     "lstm": ("pruning", "pruning_mask", "qat", "quantize_for_inference"),  # recurrent weights
     # modules whose _load_from_state_dict reads the version in the state dict's _metadata (MNASNet's stem)

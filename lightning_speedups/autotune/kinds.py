@@ -11,7 +11,11 @@ the kind's default plan). Other kinds do not get it by default: one note says wh
 
 - ``"transformer"``: ``nn.MultiheadAttention`` or ``nn.Transformer*`` layers, a Hugging Face ``PreTrainedModel``, a
   module whose class or attribute name says attention (``attn``, ``Attention``), or a module of the user's own code
-  whose ``forward`` calls ``scaled_dot_product_attention``;
+  whose ``forward`` calls ``scaled_dot_product_attention``. Where the source of such a ``forward`` cannot be read (a
+  class built by ``exec``, a script piped to ``python -``, a frozen module) and a ``batch`` is given, one eval-mode,
+  no-grad forward on two of its samples decides instead: a ``TorchFunctionMode`` records whether it calls
+  ``scaled_dot_product_attention`` or ``multi_head_attention_forward``, or a matmul, then a softmax over a tensor of
+  at least 3 dimensions, then a matmul again (attention written by hand);
 - ``"recurrent"``: a GRU, LSTM or RNN (layer or cell);
 - ``"conv"``: an ``nn.Conv2d``, with no attention and no recurrence;
 - ``"mlp"``: anything else.
@@ -33,8 +37,13 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from lightning_speedups._inputs import candidate_inputs, forward_error, head_samples
 
 __all__ = ["EVIDENCE", "KINDS", "Evidence", "default_for", "evidence_text", "hurt_tasks", "model_kind", "proven_kinds"]
 
@@ -118,17 +127,55 @@ def default_for(method: str) -> str:
     return f"{', '.join(kinds)} models only" if kinds else "no model kind"
 
 
-def _calls_sdpa(cls: type) -> bool:
-    """Whether ``cls.forward`` (user code, not torch's) calls ``scaled_dot_product_attention``."""
-    if cls.__module__.startswith("torch."):
-        return False
+def _user_classes(model: nn.Module) -> set[type]:
+    """The module classes of ``model`` that are not torch's own."""
+    return {type(m) for m in model.modules() if not type(m).__module__.startswith("torch.")}
+
+
+def _source(cls: type) -> str | None:
+    """The source of ``cls.forward``, or ``None`` when it cannot be read (built in, ``exec``, ``python -``)."""
     try:
-        return "scaled_dot_product_attention" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):  # no source (built in, compiled, interactive)
-        return False
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
 
 
-def _has_attention(model: nn.Module) -> bool:
+class _AttentionCalls(TorchFunctionMode):
+    """Records whether the torch functions called look like attention (see the module docstring)."""
+
+    _ATTENTION = ("scaled_dot_product_attention", "multi_head_attention_forward", "_native_multi_head_attention")
+    _MATMUL = ("matmul", "__matmul__", "bmm", "baddbmm", "einsum")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = False
+        self.stage = 0  # 1: a matmul ran; 2: then a softmax over scores; a matmul after that is attention
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        first = args[0] if args else None
+        if name in self._ATTENTION:
+            self.found = True
+        elif name in self._MATMUL:
+            self.found = self.found or self.stage == 2
+            self.stage = max(self.stage, 1)
+        elif name == "softmax" and self.stage >= 1 and isinstance(first, torch.Tensor) and first.dim() >= 3:
+            self.stage = 2
+        return func(*args, **(kwargs or {}))
+
+
+def _traced_attention(model: nn.Module, batch: Any) -> bool:
+    """Whether one forward on two samples of ``batch`` (the first form ``forward`` accepts) calls attention."""
+    for inputs in candidate_inputs(head_samples(batch)):
+        mode = _AttentionCalls()
+        with mode, torch.random.fork_rng(devices=[]):
+            failed = forward_error(model, inputs)  # eval mode, no grad: no weight or statistic changes
+        if failed is None:
+            return mode.found
+    return False
+
+
+def _has_attention(model: nn.Module, batch: Any = None) -> bool:
     if any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__):  # Hugging Face, without importing it
         return True
     for name, module in model.named_modules():
@@ -136,12 +183,26 @@ def _has_attention(model: nn.Module) -> bool:
             return True
         if name and _ATTENTION_NAME.search(name.rsplit(".", 1)[-1]):
             return True
-    return any(_calls_sdpa(cls) for cls in {type(m) for m in model.modules()})
+    sources = [_source(cls) for cls in _user_classes(model)]  # user code only, not torch's
+    if any(src is not None and "scaled_dot_product_attention" in src for src in sources):
+        return True
+    unreadable = None in sources  # the source rule could not look everywhere: what one forward calls decides
+    return unreadable and batch is not None and _traced_attention(model, batch)
 
 
-def model_kind(model: nn.Module) -> str:
-    """``"transformer"``, ``"recurrent"``, ``"conv"`` or ``"mlp"``: see the module docstring for the rules."""
-    if _has_attention(model):
+def model_kind(model: nn.Module, batch: Any = None) -> str:
+    """``"transformer"``, ``"recurrent"``, ``"conv"`` or ``"mlp"``: see the module docstring for the rules.
+
+    Args:
+        model: the model (its modules are read; a forward runs only when a ``forward``'s source cannot be read).
+        batch: a training batch (or example inputs) for that forward; ``None``: no forward runs.
+
+    Example::
+
+        >>> model_kind(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), torch.zeros(8, 4))
+        'mlp'
+    """
+    if _has_attention(model, batch):
         return "transformer"
     modules = list(model.modules())
     if any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) for m in modules):

@@ -43,7 +43,7 @@ from typing_extensions import override
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._rebuild import rewrap_ddp
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.callbacks._finetune_plan import BackboneSpec, FineTuneConfig, _Group, _plan
+from lightning_speedups.callbacks._finetune_plan import BackboneSpec, FineTuneConfig, _Group, _plan, plan_text
 from lightning_speedups.functional._layer_groups import _under
 from lightning_speedups.functional.finetuning import _has_initial_stats, freeze
 from lightning_speedups.optim._fused_momentum import guard_fused_momentum
@@ -77,11 +77,15 @@ class FineTuneFreezing(Callback):
     """Freeze a pretrained backbone, train the head, then unfreeze the backbone all at once or group by group.
 
     Args:
-        backbone: what to freeze. ``None`` (default) finds the head (a submodule named ``fc``, ``classifier``,
-            ``heads`` or ``head``, plus a ``pooler`` such as BERT's) and freezes everything else; or an attribute name
-            (``"backbone"``), a list of module names, or a callable ``model -> module | names``. Parameters outside
-            the backbone are left alone. The layer groups follow the backbone's blocks (a ResNet's stages, a ViT's
-            encoder layers, BERT's ``encoder.layer[i]``; see
+        backbone: what to freeze. ``None`` (default) finds the head, plus a ``pooler`` such as BERT's, and freezes
+            everything else. The head is the shallowest submodule named one of
+            :data:`~lightning_speedups._heads.HEAD_NAMES` (``lm_head``, ``fc``, ``classifier``, ``heads``, ``head``,
+            ``score``, ...), else the linear layer tied to an input embedding, else the last linear layer that gives
+            the output's width (one forward on two samples of the first batch); none is refused, naming the names
+            tried. A head tied to the token embedding trains that shared tensor from the first epoch
+            (:meth:`plan_text` says so). Or an attribute name (``"backbone"``), a list of module names, or a callable
+            ``model -> module | names``. Parameters outside the backbone are left alone. The layer groups follow the
+            backbone's blocks (a ResNet's stages, a ViT's encoder layers, BERT's ``encoder.layer[i]``; see
             :func:`~lightning_speedups.functional.finetuning.layer_groups`).
         unfreeze_at_epoch: first epoch that trains backbone layers (0 = from the start); ``None`` = never (head only).
         unfreeze_every: ``None`` unfreezes the whole backbone at ``unfreeze_at_epoch``; ``k`` unfreezes one layer
@@ -126,6 +130,7 @@ class FineTuneFreezing(Callback):
         )
         self.verbose = verbose
         self.groups: list[_Group] = []
+        self.notes: list[str] = []  # how the head was found, what happens to a tensor it shares with the backbone
         self.unfrozen: list[str] = []  # names of the unfrozen groups
         self._trainable: list[str] = []
         self._module: L.LightningModule | None = None
@@ -157,6 +162,11 @@ class FineTuneFreezing(Callback):
                     self._frozen_norms.append(n)
         self.unfrozen = [g.name for g in self.groups if g.name in unfrozen]
 
+    def plan_text(self) -> str:
+        """The plan (set in ``setup``): how the head was found, a tensor it shares with the backbone, and when each
+        layer group unfreezes."""
+        return plan_text(self.groups, self.notes)
+
     def trainable_params(self, module: nn.Module) -> int:
         """Number of trainable parameter elements of ``module`` right now."""
         return sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -167,7 +177,9 @@ class FineTuneFreezing(Callback):
         if stage != "fit":
             return
         self._module = pl_module
-        self.groups, self._trainable = _plan(pl_module, self.config)
+        self.groups, self._trainable, self.notes = _plan(pl_module, self.config, trainer)
+        if self.verbose or len(self.notes) > 1:  # a tensor shared by the head and the backbone is always said
+            rank_zero_info(self.plan_text())
         self._apply(pl_module, self.target(0))  # a resumed run re-applies its saved set in load_state_dict
         if self.trainable_params(pl_module) == 0 and not self.target(0):
             raise SpeedupConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from lightning_speedups._compat import (
 )
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
 from lightning_speedups._registry import TechniqueInfo, register_technique
+from lightning_speedups._tokens import token_ids
 from lightning_speedups.callbacks._sequence_choice import (
     batching_sampler,
     check_sequence_loader,
@@ -58,8 +60,11 @@ class SequenceBatching(Callback):
     - ``"auto"``: times the training step on a few batches of your loader, of ``"length_grouped"`` and (with a
       ``block_size``, where it is safe) of ``"packed"`` (on a copy of the model, at ``on_fit_start``), prices a whole
       epoch with them, and keeps the fastest, your own loader included (so it never makes an epoch slower than it
-      measured). Not ``"token_budget"``: its batches change the optimisation, not only the speed (on the sequences
-      bench task it reached a lower accuracy than pad-to-max), so it is yours to choose. Under DDP rank 0 decides.
+      measured). When the lengths it read leave nothing to save (every sample the same length, and your loader's
+      batches no wider than padded batches would be: fixed-length windows of a token stream), it keeps your loader
+      without timing anything, and says so in one line. Not ``"token_budget"``: its batches change the optimisation,
+      not only the speed (on the sequences bench task it reached a lower accuracy than pad-to-max), so it is yours to
+      choose. Under DDP rank 0 decides.
 
     Your ``collate_fn``: one that only pads (to the batch's or the data set's longest sample) is replaced by
     :func:`pad_collate`. One that does more (masks tokens for a masked LM, builds labels or fields, as Hugging Face's
@@ -131,6 +136,7 @@ class SequenceBatching(Callback):
         self._pack_problem: str | None = None
         self._tuple_mask = True
         self._own_collate: str | None = None  # why the loader's collate_fn batches the new batches too
+        self._note: str | None = None  # auto: why nothing was timed (the lengths leave nothing to save)
         self._consumed = 0
         self._restored: dict[str, Any] | None = None
 
@@ -186,9 +192,16 @@ class SequenceBatching(Callback):
 
     def _sampler(self, strategy: str) -> SequenceBatchSampler:
         return batching_sampler(
-            strategy, self.lengths, self._batch or 1, max_tokens=self.max_tokens, block_size=self.block_size,
-            rows=self.rows, multiple_of=self.multiple_of, drop_last=bool(self._source and self._source.drop_last),
-            shuffle=self.shuffle, seed=self.seed,
+            strategy,
+            self.lengths,
+            self._batch or 1,
+            max_tokens=self.max_tokens,
+            block_size=self.block_size,
+            rows=self.rows,
+            multiple_of=self.multiple_of,
+            drop_last=bool(self._source and self._source.drop_last),
+            shuffle=self.shuffle,
+            seed=self.seed,
         )
 
     def _collate(self, strategy: str) -> Callable[[list[Any]], Any]:
@@ -244,12 +257,16 @@ class SequenceBatching(Callback):
         if self._restored is not None:
             self.chosen = self._restored["strategy"]
         elif self.strategy == "auto":
-            self.chosen = trainer.strategy.broadcast(self._measure(trainer, pl_module) if trainer.is_global_zero
-                                                     else None, src=0)
+            self.chosen = trainer.strategy.broadcast(
+                self._measure(trainer, pl_module) if trainer.is_global_zero else None, src=0
+            )
         else:
             self.chosen = self.strategy
         if self.chosen == "original":
-            rank_zero_info(f"SequenceBatching: your loader was fastest ({self._estimates_text()}); kept it.")
+            if self._note is not None:
+                rank_zero_info(f"SequenceBatching: {self._note}.")
+            else:
+                rank_zero_info(f"SequenceBatching: your loader was fastest ({self._estimates_text()}); kept it.")
             return
         sampler = self._sampler(self.chosen)
         if self._restored is not None and self._restored.get("sampler"):
@@ -257,8 +274,12 @@ class SequenceBatching(Callback):
         src = self._source
         kwargs: dict[str, Any] = {"num_workers": src.num_workers, "pin_memory": src.pin_memory}
         if src.num_workers > 0:
-            kwargs.update(persistent_workers=src.persistent_workers, prefetch_factor=src.prefetch_factor,
-                          worker_init_fn=src.worker_init_fn, multiprocessing_context=src.multiprocessing_context)
+            kwargs.update(
+                persistent_workers=src.persistent_workers,
+                prefetch_factor=src.prefetch_factor,
+                worker_init_fn=src.worker_init_fn,
+                multiprocessing_context=src.multiprocessing_context,
+            )
         self.loader = SequenceLoader(src.dataset, sampler, self._collate(self.chosen), **kwargs)
         set_fit_train_loader(trainer, self.loader)
         if train_dataloader_built(trainer):  # an earlier callback's trial loop built it already: rebuild
@@ -269,9 +290,36 @@ class SequenceBatching(Callback):
     def _estimates_text(self) -> str:
         return ", ".join(f"{k} {v:.2f}s/epoch" for k, v in sorted(self.estimates.items(), key=lambda kv: kv[1]))
 
-    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str:
-        """Time the training step on batches of each candidate; the fastest estimated epoch wins."""
+    def _nothing_to_save(self) -> str | None:
+        """Why no batching can beat the user's loader, without timing (``None``: the candidates are timed): every
+        sample has one length and the loader's first batch is no wider than a padded batch of them would be."""
         assert self._source is not None
+        lengths = self.lengths
+        if not lengths or min(lengths) != max(lengths):
+            return None
+        size = min(len(lengths), self._batch or 1)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                ids = token_ids(self._source.collate_fn([self._source.dataset[i] for i in range(size)]))
+        except Exception:  # noqa: BLE001  (a collate that cannot batch them: time as usual)
+            return None
+        padded = math.ceil(lengths[0] / self.multiple_of) * self.multiple_of  # what pad_collate would give
+        if ids is None or ids.dim() < 2 or ids.shape[1] > padded:
+            return None
+        pads = 1.0 - size * lengths[0] / max(ids.numel(), 1)
+        return (
+            f"every sample has {lengths[0]} tokens and your loader pads {100 * pads:.0f}% of a batch: no batching can "
+            "save padding, so nothing was timed; kept your loader"
+        )
+
+    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+        """Time the training step on batches of each candidate; the fastest estimated epoch wins (nothing is timed
+        when the lengths leave nothing to save)."""
+        assert self._source is not None
+        self.estimates = {}
+        self._note = self._nothing_to_save()
+        if self._note is not None:
+            return "original"
         device = trainer.strategy.root_device
         model = training_copy(pl_module, trainer).to(device)
         dataset = self._source.dataset
@@ -282,7 +330,6 @@ class SequenceBatching(Callback):
             candidates.append("packed")
         elif self.block_size is not None:
             rank_zero_info(f"SequenceBatching: packing not tried: {self._pack_problem}.")
-        self.estimates = {}
         try:
             self.estimates["original"] = loader_epoch_seconds(model, device, self._source)
         except Exception as err:  # noqa: BLE001  (e.g. default_collate on samples of different lengths)
@@ -290,7 +337,12 @@ class SequenceBatching(Callback):
                            f"({type(err).__name__}: {err}).")  # fmt: skip
         for name in candidates:
             self.estimates[name] = sampler_epoch_seconds(
-                model, device, dataset, self._sampler(name), self._collate(name), multiple_of=self.multiple_of,
+                model,
+                device,
+                dataset,
+                self._sampler(name),
+                self._collate(name),
+                multiple_of=self.multiple_of,
                 block_size=self.block_size if name == "packed" else None,
             )
         del model
@@ -315,6 +367,7 @@ class SequenceBatching(Callback):
         return {
             "strategy": self.chosen,
             "estimates": dict(self.estimates),
+            "note": self._note,
             "sampler": sampler.state_dict(consumed=self._consumed) if sampler is not None else None,
         }
 
@@ -323,6 +376,7 @@ class SequenceBatching(Callback):
         if state_dict.get("strategy") is not None:
             self._restored = dict(state_dict)
             self.estimates = dict(state_dict.get("estimates") or {})
+            self._note = state_dict.get("note")
 
 
 register_technique(

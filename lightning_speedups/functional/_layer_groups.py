@@ -9,11 +9,13 @@ a Swin's ``features[i]``. One structural rule finds them in all of these without
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from lightning_speedups._errors import SpeedupConfigError, check_module_names
+from lightning_speedups._heads import HEAD_NAMES, find_heads
 
 __all__ = [
     "HEAD_NAMES",
@@ -25,9 +27,6 @@ __all__ = [
     "resolve_module_names",
 ]
 
-#: attribute names of classifier heads in torchvision (resnet ``fc``; vgg/mobilenet/efficientnet/convnext
-#: ``classifier``; vit ``heads``; swin ``head``), checked in this order at the shallowest depth first.
-HEAD_NAMES: tuple[str, ...] = ("fc", "classifier", "heads", "head")
 #: layers that exist to feed the classifier and train with it (Hugging Face ``BertModel.pooler``: dense + tanh on the
 #: [CLS] token); they belong to the head, not to the last layer group.
 POOLER_NAMES: tuple[str, ...] = ("pooler",)
@@ -68,18 +67,22 @@ def _shallowest(model: nn.Module, names: Sequence[str], skip: Sequence[str] = ()
     return {}
 
 
-def find_head(model: nn.Module, names: Sequence[str] = HEAD_NAMES) -> str:
-    """Dotted name of the classifier head: the shallowest submodule named like a torchvision head (``fc``, ...).
+def find_head(model: nn.Module, names: Sequence[str] = HEAD_NAMES, example_inputs: Any = None) -> str:
+    """Dotted name of the output head: the shallowest submodule named like a head (``lm_head``, ``fc``, ...), else the
+    linear layer tied to the token embedding, else (with ``example_inputs``) the last linear layer with the output's
+    width (:func:`lightning_speedups._heads.find_heads`, at any depth).
 
     Args:
-        model: the network (a torchvision model, a LightningModule holding one, ...).
-        names: attribute names to look for, in priority order.
+        model: the network (a torchvision model, a GPT, a LightningModule holding one, ...).
+        names: attribute names to look for, in priority order (default :data:`HEAD_NAMES`).
+        example_inputs: inputs of one forward, for the width rule (a tensor, a tuple of arguments or a dict).
 
     Returns:
-        The head's module name, e.g. ``"fc"`` for a torchvision ResNet or ``"model.fc"`` when it sits one level down.
+        The head's module name, e.g. ``"fc"`` for a torchvision ResNet, ``"model.fc"`` when it sits one level down,
+        ``"lm_head"`` for a GPT.
 
     Raises:
-        SpeedupConfigError: no submodule with parameters has one of ``names``.
+        SpeedupConfigError: no rule finds a head; the message lists the names tried.
 
     Example::
 
@@ -90,18 +93,20 @@ def find_head(model: nn.Module, names: Sequence[str] = HEAD_NAMES) -> str:
         >>> find_head(resnet18())
         'fc'
     """
-    found = _shallowest(model, names)
-    for name in names:
-        if name in found:
-            return found[name]
+    heads = find_heads(model, names, max_depth=None, example_inputs=example_inputs)
+    if heads:
+        return heads[0].name
+    width = "" if example_inputs is None else ", nor a linear layer that gives the output's width"
     raise SpeedupConfigError(
-        f"Could not find the classifier head of {type(model).__name__}: no submodule with parameters is named one of "
-        f"{', '.join(map(repr, names))}. Allowed values: a model with such a head, or an explicit `backbone=`. HINT: "
-        "pass `backbone=` (an attribute name, a list of module names or a callable) to say what to freeze."
+        f"`backbone`=None: could not find the output head of {type(model).__name__}: no submodule with parameters is "
+        f"named one of {', '.join(map(repr, names))}, no linear layer shares its weight with an embedding{width}. "
+        "Allowed values: a model with such a head, or an explicit `backbone`. HINT: say what to freeze with "
+        "FineTuneFreezing(backbone=...): an attribute name ('encoder'), a list of module names, or a callable "
+        "model -> module; everything outside it trains."
     )
 
 
-def head_modules(model: nn.Module, head: str | None = None) -> list[str]:
+def head_modules(model: nn.Module, head: str | None = None, example_inputs: Any = None) -> list[str]:
     """The head (:func:`find_head`) and the pooler layers that feed it (:data:`POOLER_NAMES`): what always trains.
 
     Example::
@@ -112,7 +117,7 @@ def head_modules(model: nn.Module, head: str | None = None) -> list[str]:
         >>> head_modules(BertForSequenceClassification(cfg))
         ['classifier', 'bert.pooler']
     """
-    head = find_head(model) if head is None else head
+    head = find_head(model, example_inputs=example_inputs) if head is None else head
     return [head, *_shallowest(model, POOLER_NAMES, skip=[head]).values()]
 
 
@@ -168,7 +173,9 @@ def _pick(modules: dict[str, nn.Module], roots: list[str], blocks: set[str]) -> 
     return big
 
 
-def layer_groups(model: nn.Module, backbone: Sequence[str] | None = None) -> list[list[str]]:
+def layer_groups(
+    model: nn.Module, backbone: Sequence[str] | None = None, head: Sequence[str] | None = None
+) -> list[list[str]]:
     """Split the backbone into layer groups for gradual unfreezing, ordered from the input to the head.
 
     Rules, from the backbone's modules (:func:`backbone_roots` by default):
@@ -186,6 +193,7 @@ def layer_groups(model: nn.Module, backbone: Sequence[str] | None = None) -> lis
     Args:
         model: the network.
         backbone: the backbone's module names; ``None`` = everything but the head and its pooler.
+        head: with ``backbone=None``, the head's module names; ``None`` finds them (:func:`head_modules`).
 
     Returns:
         A list of groups, each a list of module (or loose parameter) names; ``groups[-1]`` is the one next to the head.
@@ -203,7 +211,7 @@ def layer_groups(model: nn.Module, backbone: Sequence[str] | None = None) -> lis
     """
     modules = dict(model.named_modules())
     if backbone is None:
-        heads = head_modules(model)
+        heads = head_modules(model) if head is None else list(head)
         roots = backbone_roots(model, heads)
         owned = [n for n, _ in model.named_parameters() if not any(_under(n, h) for h in heads)]
     else:

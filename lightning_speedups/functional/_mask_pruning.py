@@ -1,4 +1,5 @@
-"""Mask pruning: zero the smallest weights of conv/linear layers; correct for attention, no speedup on dense kernels."""
+"""Mask pruning: zero the smallest weights of conv/linear layers (HF ``Conv1D`` too); correct for attention, no speedup
+on dense kernels."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._heads import is_linear_like
 from lightning_speedups.functional._masks import (
     attach_mask,
     check_maskable,
@@ -30,8 +32,10 @@ UNSTRUCTURED_IMPORTANCES = ("l1", "l2")
 
 
 def maskable_names(module: nn.Module) -> list[str]:
-    """The weight tensors of ``module`` that mask pruning masks: ``weight`` of conv/linear, every ``weight_*`` of
-    a recurrent layer (``weight_ih_l0``, ``weight_hh_l0``, ``weight_hr_l0`` with ``proj_size``, ``*_reverse``).
+    """The weight tensors of ``module`` that mask pruning masks: ``weight`` of conv/linear (Hugging Face's ``Conv1D``
+    too: GPT-2's linear layer, its weight stored ``(in, out)``; a mask is per element, so the layout does not matter),
+    every ``weight_*`` of a recurrent layer (``weight_ih_l0``, ``weight_hh_l0``, ``weight_hr_l0`` with ``proj_size``,
+    ``*_reverse``).
 
     Example::
 
@@ -42,7 +46,7 @@ def maskable_names(module: nn.Module) -> list[str]:
         kinds = ["ih", "hh"] + (["hr"] if getattr(module, "proj_size", 0) > 0 else [])
         suffixes = ["", "_reverse"] if module.bidirectional else [""]
         return [f"weight_{k}_l{layer}{s}" for layer in range(module.num_layers) for s in suffixes for k in kinds]
-    return ["weight"] if isinstance(module, PRUNABLE) else []
+    return ["weight"] if isinstance(module, PRUNABLE) or is_linear_like(module) else []
 
 
 def mask_targets(model: nn.Module, ignored: list[nn.Module]) -> list[tuple[str, nn.Module]]:

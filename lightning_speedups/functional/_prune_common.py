@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import check_module_names
+from lightning_speedups._heads import is_linear_like
 from lightning_speedups._rebuild import ParamOrigin
 
 __all__ = [
@@ -109,6 +110,8 @@ def count_macs(model: nn.Module, example_inputs: Any) -> int:
         nonlocal total
         if isinstance(module, nn.Linear):
             total += out.numel() * module.in_features
+        elif is_linear_like(module):  # HF Conv1D: weight (in, out)
+            total += out.numel() * int(module.weight.shape[0])
         else:
             kernel = 1
             for k in module.weight.shape[2:]:
@@ -119,9 +122,14 @@ def count_macs(model: nn.Module, example_inputs: Any) -> int:
     return total
 
 
+def _layer(module: nn.Module) -> bool:
+    """A conv/linear layer whose weight a mask or a MAC count reads (HF ``Conv1D`` included)."""
+    return isinstance(module, PRUNABLE) or is_linear_like(module)
+
+
 def _forward_with_hooks(model: nn.Module, example_inputs: Any, hook: Any) -> None:
     """One eval-mode, no-grad forward with ``hook`` on every conv/linear layer (removed afterwards)."""
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, PRUNABLE)]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if _layer(m)]
     try:
         with torch.no_grad(), eval_mode(model):
             forward(model, example_inputs)
@@ -239,7 +247,7 @@ def _layers_behind(
         if isinstance(out, torch.Tensor) and out.grad_fn is not None:
             producers[out.grad_fn] = module
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, PRUNABLE)]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if _layer(m)]
     handles += [t.register_forward_pre_hook(lambda _m, inp: starts.extend(flat_tensors(inp))) for t in targets or []]
     try:
         with torch.enable_grad(), all_trainable(model), train_mode(model) if training else eval_mode(model):
@@ -273,7 +281,7 @@ def default_ignored_layers(model: nn.Module, example_inputs: Any = None, every_p
     """
     names = {m: n for n, m in model.named_modules()}
     if example_inputs is None:
-        return [n for n, m in model.named_modules() if isinstance(m, PRUNABLE)][-1:]
+        return [n for n, m in model.named_modules() if _layer(m)][-1:]
     heads = {id(m): m for m in output_layers(model, example_inputs, every_path=every_path)}
     with contextlib.suppress(Exception):  # a model whose train-mode forward fails on these inputs: eval heads only
         heads.update({id(m): m for m in output_layers(model, example_inputs, True, every_path)})

@@ -155,8 +155,12 @@ def _fit_plain(state, tmp, max_epochs, ckpt_path=None, **trainer_kw):
     cb = FineTuneFreezing(unfreeze_at_epoch=2, unfreeze_every=1, lr_decay=0.5)
     mc = ModelCheckpoint(dirpath=tmp, filename="{epoch}", save_top_k=-1, every_n_epochs=1)
     trainer = quiet_trainer(
-        max_epochs=max_epochs, limit_train_batches=3, limit_val_batches=0, enable_checkpointing=True,
-        callbacks=[cb, mc], **trainer_kw,
+        max_epochs=max_epochs,
+        limit_train_batches=3,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+        callbacks=[cb, mc],
+        **trainer_kw,
     )
     trainer.fit(model, _loader(NEW_TASK), ckpt_path=ckpt_path)
     return model, trainer, cb
@@ -209,7 +213,12 @@ def test_finetune_ddp(pretrained, tmp_path):
     model = _model(pretrained)
     cb = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5)
     trainer = quiet_trainer(
-        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=3, limit_train_batches=3, limit_val_batches=0,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=3,
+        limit_train_batches=3,
+        limit_val_batches=0,
         callbacks=[cb, _SaveWeights(str(tmp_path))],
     )
     trainer.fit(model, _loader(NEW_TASK))
@@ -289,7 +298,7 @@ def test_finetune_misconfiguration():
         setup(FineTuneFreezing(backbone="model"), _Wrapped())
     with pytest.raises(SpeedupConfigError, match="`backbone` callable returned a module that is not a submodule"):
         setup(FineTuneFreezing(backbone=lambda m: nn.Linear(2, 2)), demo)
-    with pytest.raises(SpeedupConfigError, match="Could not find the classifier head of _NoHead"):
+    with pytest.raises(SpeedupConfigError, match="could not find the output head of _NoHead"):
         setup(FineTuneFreezing(), _NoHead())
     with pytest.raises(SpeedupConfigError, match="Nothing to train"):
         setup(FineTuneFreezing(backbone=["features", "out"]), _NoHead())
@@ -307,8 +316,13 @@ def test_finetune_backbone_specs():
     wrapped = _Wrapped()
     cb = FineTuneFreezing(unfreeze_every=2)
     cb.setup(trainer, wrapped, "fit")
-    assert [g.name for g in cb.groups] == ["model.layer4", "model.layer3", "model.layer2", "model.layer1",
-                                           "model.conv1+model.bn1"]
+    assert [g.name for g in cb.groups] == [
+        "model.layer4",
+        "model.layer3",
+        "model.layer2",
+        "model.layer1",
+        "model.conv1+model.bn1",
+    ]
     assert [g.epoch for g in cb.groups] == [1, 3, 5, 7, 9]
     assert [n for n, p in wrapped.named_parameters() if p.requires_grad] == ["model.fc.weight", "model.fc.bias"]
 
@@ -339,8 +353,13 @@ class _MixinNetModule(SpeedupMixin, _NetModule):
     """The same through SpeedupMixin: ``configure_optimizers`` from the configs (sgd -> fused kernel on CPU)."""
 
     def __init__(self, net: nn.Module, tokens: bool = False, onecycle: bool = False) -> None:
-        super().__init__(net, tokens, onecycle, optimizer_config=OptimizerConfig("sgd", lr=0.1, momentum=0.9),
-                         scheduler_config=SchedulerConfig("onecycle") if onecycle else None)
+        super().__init__(
+            net,
+            tokens,
+            onecycle,
+            optimizer_config=OptimizerConfig("sgd", lr=0.1, momentum=0.9),
+            scheduler_config=SchedulerConfig("onecycle") if onecycle else None,
+        )
 
     configure_optimizers = SpeedupMixin.configure_optimizers
 
@@ -380,8 +399,9 @@ def test_finetune_lr_decay_follows_blocks(family, path):
     assert [g.prefixes for g in cb.groups] == top_first
     assert [g.depth for g in cb.groups] == list(range(1, 1 + len(expected)))
     head = {n for n, _ in model.named_parameters() if not any(n in g.params for g in cb.groups)}
-    assert head and all(n.startswith(("net.heads", "net.head", "net.classifier", "net.fc", "net.bert.pooler"))
-                        for n in head)
+    assert head and all(
+        n.startswith(("net.heads", "net.head", "net.classifier", "net.fc", "net.bert.pooler")) for n in head
+    )
     for epoch, (lrs, trainable) in enumerate(zip(rec.lrs, rec.trainable, strict=True)):
         assert all(lrs[n] == pytest.approx(0.1) for n in head)
         for g in cb.groups:  # group k from the top trains at lr x 0.65^k, from the first step on
@@ -409,16 +429,23 @@ def test_finetune_resume_vit(path, tmp_path):
     resumed, trainer, cb = fit(tmp_path / "resumed", str(tmp_path / "full" / "epoch=1.ckpt"))
     assert len(cb.unfrozen) == 3 and len(trainer.optimizers[0].param_groups) >= 5  # head + 4 layer groups
     assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx(
-        [g["lr"] for g in full_trainer.optimizers[0].param_groups])
+        [g["lr"] for g in full_trainer.optimizers[0].param_groups]
+    )
     for (key, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=key)
 
 
 def test_finetune_explicit_schedule_with_block_names():
     model = _NetModule(FAMILIES["tv_vit"][0]())
-    cb = FineTuneFreezing(schedule={1: ["net.encoder.layers.encoder_layer_2", "net.encoder.ln"],
-                                    2: ["net.encoder.layers.encoder_layer_1"]})
+    cb = FineTuneFreezing(
+        schedule={
+            1: ["net.encoder.layers.encoder_layer_2", "net.encoder.ln"],
+            2: ["net.encoder.layers.encoder_layer_1"],
+        }
+    )
     cb.setup(quiet_trainer(max_epochs=3), model, "fit")
-    assert [g.name for g in cb.groups][:2] == ["net.encoder.layers.encoder_layer_2+net.encoder.ln",
-                                               "net.encoder.layers.encoder_layer_1"]
+    assert [g.name for g in cb.groups][:2] == [
+        "net.encoder.layers.encoder_layer_2+net.encoder.ln",
+        "net.encoder.layers.encoder_layer_1",
+    ]
     assert cb.groups[-1].epoch is None and "net.class_token" in cb.groups[-1].params  # the rest stays frozen

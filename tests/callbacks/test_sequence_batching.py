@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import lightning as L
 import pytest
 import torch
@@ -63,8 +65,15 @@ class TinyLM(L.LightningModule):
 
 
 def _trainer(callbacks, **kwargs) -> L.Trainer:
-    args = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, max_epochs=1)
+    args = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,
+    )
     args.update(kwargs)
     return L.Trainer(callbacks=callbacks, **args)
 
@@ -105,8 +114,9 @@ def test_sequence_batching_refuses_image_data():
 
 def test_sequence_batching_refuses_custom_sampler():
     data = Tokens()
-    loader = DataLoader(data, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 96, 96),
-                        collate_fn=pad_collate())
+    loader = DataLoader(
+        data, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 96, 96), collate_fn=pad_collate()
+    )
     with pytest.raises(SpeedupConfigError, match="custom sampler \\(WeightedRandomSampler\\)"):
         _trainer([SequenceBatching("length_grouped")], max_steps=1).fit(TinyLM(), loader)
 
@@ -163,8 +173,9 @@ def _run(tmp_path, max_steps, ckpt=None, save_every=None):
     model = TinyLM()
     callbacks = [SequenceBatching("token_budget", seed=3)]
     if save_every:
-        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=save_every,
-                                                             save_top_k=-1))
+        callbacks.append(
+            L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=save_every, save_top_k=-1)
+        )
     trainer = _trainer(callbacks, max_steps=max_steps, max_epochs=3, enable_checkpointing=bool(save_every))
     trainer.fit(model, _loader(), ckpt_path=ckpt)
     return model
@@ -189,15 +200,24 @@ class _RecordRank(L.Callback):
         self.path = path
 
     def on_train_end(self, trainer, pl_module):
-        torch.save({"seen": pl_module.seen, "chosen": trainer.callbacks[0].chosen},
-                   f"{self.path}/rank{trainer.global_rank}.pt")
+        torch.save(
+            {"seen": pl_module.seen, "chosen": trainer.callbacks[0].chosen}, f"{self.path}/rank{trainer.global_rank}.pt"
+        )
 
 
 def test_sequence_batching_ddp_two_ranks(tmp_path):
     cb = SequenceBatching("auto")
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[cb, _RecordRank(tmp_path)])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, _RecordRank(tmp_path)],
+    )
     trainer.fit(TinyLM(), _loader())
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert ranks[0]["chosen"] == ranks[1]["chosen"]  # rank 0 decided for both
@@ -208,8 +228,15 @@ def test_sequence_batching_ddp_two_ranks(tmp_path):
 
 def _tiny_bert(transformers):
     """A tiny BertForSequenceClassification from a config (offline): vocabulary 64, one layer, two labels."""
-    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=2,
+    )
     return transformers.BertForSequenceClassification(config)
 
 
@@ -353,7 +380,52 @@ def test_sequence_batching_keeps_a_collate_that_masks_and_refuses_packing_for_it
     # setup's check step (on a copy) and the 4 training steps: all on batches the user's collate made
     assert len(seen) == 5 and all("labels" in b and (b["labels"] != -100).any() for b in seen)
     assert all(((b["input_ids"] == 63) == (b["labels"] != -100)).float().mean() > 0.5 for b in seen)
-    with pytest.raises(SpeedupConfigError, match="packed rows would not go through the loader's collate_fn, and "
-                                                 r"`collate_fn` does more than pad: its batch adds keys \['labels'\].*"
-                                                 "HINT: to pack, leave `collate_fn` out of the DataLoader"):
+    with pytest.raises(
+        SpeedupConfigError,
+        match="packed rows would not go through the loader's collate_fn, and "
+        r"`collate_fn` does more than pad: its batch adds keys \['labels'\].*"
+        "HINT: to pack, leave `collate_fn` out of the DataLoader",
+    ):
         _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(TinyLM(), loader)
+
+
+def test_auto_times_nothing_when_every_sample_has_one_length(caplog, monkeypatch):
+    """Random fixed-length windows of a token stream (issue 51): the lengths it reads already say there is no padding,
+    so "auto" keeps the loader without timing a step, says why in one line and keeps the reason in its state."""
+    import lightning_speedups.callbacks.sequence_batching as sb
+    from tests.lm_models import LMModule, Windows
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("nothing should be timed")
+
+    monkeypatch.setattr(sb, "loader_epoch_seconds", no_timing)
+    monkeypatch.setattr(sb, "sampler_epoch_seconds", no_timing)
+    loader = DataLoader(Windows(32), batch_size=8, shuffle=True)
+    for net in ("mini", "gpt2"):
+        if net == "gpt2" and importlib.util.find_spec("transformers") is None:
+            continue
+        cb = SequenceBatching("auto", block_size=64)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            _trainer([cb], max_steps=2).fit(LMModule(net), loader)
+        assert cb.chosen == "original" and cb.estimates == {} and cb.loader is None
+        note = (
+            "SequenceBatching: every sample has 16 tokens and your loader pads 0% of a batch: no batching can save "
+            "padding, so nothing was timed; kept your loader."
+        )
+        assert note in caplog.text and "fastest" not in caplog.text
+        assert cb.state_dict()["note"] == note[len("SequenceBatching: ") : -1]
+
+
+def test_auto_still_times_equal_lengths_padded_wider_by_the_loader():
+    """Equal lengths but a collate that pads every batch to 128: length-grouped batches would save that padding."""
+    data = [{"input_ids": torch.arange(1, 13), "label": 0} for _ in range(32)]
+
+    def to_128(samples):
+        ids = torch.zeros(len(samples), 128, dtype=torch.long)
+        ids[:, :12] = torch.stack([s["input_ids"] for s in samples])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+    cb = SequenceBatching("auto", multiple_of=1)
+    _trainer([cb], max_steps=1).fit(TinyLM(), DataLoader(data, batch_size=8, collate_fn=to_128))
+    assert cb._note is None and set(cb.estimates) == {"original", "length_grouped"}

@@ -141,7 +141,7 @@ def test_finetuning_functional_misconfiguration(tmp_path):
         replace_head(resnet18(), 0)
     with pytest.raises(SpeedupConfigError, match="`head`='relu' \\(ReLU\\) holds no Linear"):
         replace_head(resnet18(), 3, head="relu")
-    with pytest.raises(SpeedupConfigError, match="Could not find the classifier head of Sequential"):
+    with pytest.raises(SpeedupConfigError, match="could not find the output head of Sequential"):
         find_head(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(SpeedupConfigError, match="`backbone` names 'layer5'.*Close matches: 'layer4'"):
         resolve_module_names(resnet18(), ["layer5"], "backbone")
@@ -162,8 +162,9 @@ def _swin() -> nn.Module:
 
 def _bert(num_layers: int = 3) -> nn.Module:
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=2,
-                                  intermediate_size=64)
+    cfg = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=2, intermediate_size=64
+    )
     return transformers.BertForSequenceClassification(cfg)
 
 
@@ -180,16 +181,28 @@ def _regnet() -> nn.Module:
 
 _VIT_LAYERS = [f"encoder.layers.encoder_layer_{i}" for i in range(3)]
 FAMILIES = {  # builder, expected groups (input -> output)
-    "tv_vit": (_tv_vit, [["conv_proj", "class_token", "encoder.pos_embedding"], *[[n] for n in _VIT_LAYERS[:2]],
-                         [_VIT_LAYERS[2], "encoder.ln"]]),
-    "tv_vit_1_layer": (lambda: _tv_vit(1), [["conv_proj", "class_token", "encoder.pos_embedding"],
-                                            ["encoder.layers.encoder_layer_0", "encoder.ln"]]),
+    "tv_vit": (
+        _tv_vit,
+        [
+            ["conv_proj", "class_token", "encoder.pos_embedding"],
+            *[[n] for n in _VIT_LAYERS[:2]],
+            [_VIT_LAYERS[2], "encoder.ln"],
+        ],
+    ),
+    "tv_vit_1_layer": (
+        lambda: _tv_vit(1),
+        [["conv_proj", "class_token", "encoder.pos_embedding"], ["encoder.layers.encoder_layer_0", "encoder.ln"]],
+    ),
     "swin": (_swin, [[f"features.{i}"] for i in range(5)] + [["features.5", "norm"]]),
     "bert": (_bert, [["bert.embeddings"]] + [[f"bert.encoder.layer.{i}"] for i in range(3)]),
-    "timm_vit": (lambda: _timm("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3),
-                 [["patch_embed", "cls_token", "pos_embed"], ["blocks.0"], ["blocks.1"], ["blocks.2", "norm"]]),
-    "timm_efficientnet": (lambda: _timm("efficientnet_b0"),
-                          [["conv_stem", "bn1"]] + [[f"blocks.{i}"] for i in range(7)] + [["conv_head", "bn2"]]),
+    "timm_vit": (
+        lambda: _timm("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3),
+        [["patch_embed", "cls_token", "pos_embed"], ["blocks.0"], ["blocks.1"], ["blocks.2", "norm"]],
+    ),
+    "timm_efficientnet": (
+        lambda: _timm("efficientnet_b0"),
+        [["conv_stem", "bn1"]] + [[f"blocks.{i}"] for i in range(7)] + [["conv_head", "bn2"]],
+    ),
     "timm_resnet": (lambda: _timm("resnet18"), [["conv1", "bn1"], ["layer1"], ["layer2"], ["layer3"], ["layer4"]]),
     "regnet": (_regnet, [["stem"]] + [[f"trunk_output.block{i}"] for i in range(1, 5)]),
 }
@@ -222,5 +235,7 @@ def test_finetuning_head_modules_and_wrapped_groups():
     assert groups[0] == ["net.conv_proj", "net.class_token", "net.encoder.pos_embedding"] and len(groups) == 4
     # an explicit backbone: the same rule inside it; the ViT's top-level class token is outside `encoder`
     assert layer_groups(_tv_vit(), ["encoder"]) == [
-        [_VIT_LAYERS[0], "encoder.pos_embedding"], [_VIT_LAYERS[1]], [_VIT_LAYERS[2], "encoder.ln"]
+        [_VIT_LAYERS[0], "encoder.pos_embedding"],
+        [_VIT_LAYERS[1]],
+        [_VIT_LAYERS[2], "encoder.ln"],
     ]

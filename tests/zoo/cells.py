@@ -58,7 +58,10 @@ class Cell:
 
 
 CELLS: list[Cell] = [
-    Cell(a, t) for a in ARCHS for t, info in TECHNIQUES.items() if info.archs is None or a in info.archs
+    Cell(a, t)
+    for a, row in ARCHS.items()
+    for t, info in TECHNIQUES.items()
+    if (info.archs is None or a in info.archs) and (row.techniques is None or t in row.techniques)
 ]
 
 # observed outcomes, filled as cells run: {cell id: {"outcome": ..., "checks": {check: "ok" | "fail: ..."}}}
@@ -173,7 +176,9 @@ class FitRecord:
 def fit_cell(cell: Cell, root: Path, want: str | Refused | None = None) -> FitRecord:
     """Fit the cell's model for 2 epochs with the technique and check the outcome against the table (or ``want``)."""
     L.seed_everything(0, verbose=False)
-    model = build(cell.arch, seed=0, scheduler=cell.technique.module_scheduler)
+    model = build(
+        cell.arch, seed=0, scheduler=cell.technique.module_scheduler, schedule_free=cell.technique.schedule_free
+    )
     before = _snapshot(model)
     dense = param_count(model)
     callbacks = cell.technique.callbacks()  # type: ignore[misc]
@@ -259,7 +264,9 @@ def resume_check(cell: Cell, rec: FitRecord) -> str | None:
     assert rec.root is not None
     L.seed_everything(0, verbose=False)
     # other initial weights: everything must come from the checkpoint
-    model = build(cell.arch, seed=1, scheduler=cell.technique.module_scheduler)
+    model = build(
+        cell.arch, seed=1, scheduler=cell.technique.module_scheduler, schedule_free=cell.technique.schedule_free
+    )
     trainer = make_trainer(cell.technique.callbacks(), rec.root / "resume")  # type: ignore[misc]
     try:
         _fit(trainer, model, ckpt_path=rec.ckpts[0])

@@ -24,9 +24,18 @@ from lightning.pytorch.demos.transformer import LightningTransformer, Transforme
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import SpeedupMixin
+from lightning_speedups import OptimizerConfig, SpeedupMixin, create_optimizer
 
-__all__ = ["ARCHS", "Arch", "ZooModule", "ZooMixinModule", "ZooBoringModel", "ZooLightningTransformer", "build"]
+__all__ = [
+    "ARCHS",
+    "Arch",
+    "ZooModule",
+    "ZooMixinModule",
+    "ZooBoringModel",
+    "ZooLightningTransformer",
+    "ZooGPT2",
+    "build",
+]
 
 BATCH = 8
 SAMPLES = 16  # 2 batches per epoch
@@ -145,6 +154,7 @@ class ZooModule(_Counted, L.LightningModule):
         self.kind = info.kind
         self.lr = lr if lr is not None else (1e-3 if info.kind == "tokens" else 0.05)
         self.use_scheduler = True  # False: configure_optimizers returns the optimizer alone
+        self.optimizer_name: str | None = None  # a registry name instead of SGD / AdamW (see `build(schedule_free=)`)
         self.label_smoothing = 0.0  # read by the loss, as timm / torchvision training scripts do
         self.smoothing_seen: set[tuple[str, float]] = set()  # (stage, label_smoothing) the losses saw
         self.batch_size = BATCH
@@ -174,7 +184,9 @@ class ZooModule(_Counted, L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         # every parameter goes in (frozen ones too), as FineTuneFreezing asks; a per-epoch scheduler to keep in sync
-        if self.kind == "tokens":
+        if self.optimizer_name is not None:
+            opt = create_optimizer(self.parameters(), OptimizerConfig(self.optimizer_name, lr=self.lr))
+        elif self.kind == "tokens":
             opt: torch.optim.Optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
         else:
             opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
@@ -265,6 +277,49 @@ class ZooLightningTransformer(_Counted, LightningTransformer):
         return self._tokens(4, 1).tensors
 
 
+class ZooGPT2(_Counted, L.LightningModule):
+    """Hugging Face ``GPT2LMHeadModel`` (``lm_head`` tied to the token embedding, ``Conv1D`` layers) in a tiny config,
+    its loss computed inside ``forward`` (``labels=``), AdamW + StepLR, on fixed-length windows of a token stream."""
+
+    def __init__(self, arch: str = "gpt2") -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=TOKENS, bos_token_id=1, eos_token_id=2
+        )
+        self.net = GPT2LMHeadModel(config)
+        self.batch_size = BATCH
+        self.use_scheduler = True
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.net(input_ids=input_ids).logits
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self._count()
+        loss = self.net(input_ids=batch[0], labels=batch[0]).loss  # HF shifts the labels itself
+        self.log("train_loss", loss, batch_size=len(batch[0]))
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01)  # frozen parameters in too
+        if not self.use_scheduler:
+            return opt
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+    def _windows(self, n: int, offset: int) -> TensorDataset:
+        g = _generator(offset)
+        stream = torch.randint(1, VOCAB, (n * TOKENS,), generator=g)
+        starts = torch.randint(0, len(stream) - TOKENS, (n,), generator=g)
+        return TensorDataset(torch.stack([stream[s : s + TOKENS] for s in starts.tolist()]))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self._windows(SAMPLES, 0), batch_size=self.batch_size, shuffle=False)
+
+    def fixed_inputs(self) -> tuple[torch.Tensor, ...]:
+        return self._windows(4, 1).tensors
+
+
 # ---------------------------------------------------------------------------------------------------- the catalogue
 @dataclass(frozen=True)
 class Arch:
@@ -276,6 +331,7 @@ class Arch:
     module_cls: type[L.LightningModule] = ZooModule
     base: str | None = None  # mixin rows: the arch whose net they reuse
     source: str = ""
+    techniques: tuple[str, ...] | None = None  # only these columns (a row added for a few techniques); None = all
 
     def module(self) -> L.LightningModule:
         return self.module_cls(self.base or self.name)
@@ -319,17 +375,25 @@ def _arch_list() -> list[Arch]:
             "vit_mixin", "image", _tv_vit, ZooMixinModule, base="vit", source=f"{tv} VisionTransformer + SpeedupMixin"
         ),
         Arch("bert_mixin", "tokens", _Bert, ZooMixinModule, base="bert", source="BERT as above + SpeedupMixin"),
+        Arch(
+            "gpt2",
+            "lm",
+            module_cls=ZooGPT2,
+            source="transformers GPT2LMHeadModel (tied lm_head, Conv1D), n_embd 32, 2 layers",
+            techniques=("baseline", "finetune", "finetune_gradual", "pruning_mask"),
+        ),
     ]
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in _arch_list()}
 
 
-def build(name: str, seed: int = 0, scheduler: bool = True) -> L.LightningModule:
+def build(name: str, seed: int = 0, scheduler: bool = True, schedule_free: bool = False) -> L.LightningModule:
     """A fresh LightningModule for zoo row ``name``, its weights drawn from ``seed``.
 
     ``scheduler=False`` makes ``configure_optimizers`` return the optimizer alone (for techniques that own the LR
-    schedule); Lightning's demo modules keep their own ``configure_optimizers``.
+    schedule); Lightning's demo modules keep their own ``configure_optimizers``. ``schedule_free=True`` (zoo and mixin
+    modules) builds ``schedule_free_adamw`` (tokens) or ``schedule_free_sgd`` (images) instead, without a scheduler.
     """
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -337,6 +401,14 @@ def build(name: str, seed: int = 0, scheduler: bool = True) -> L.LightningModule
     if not scheduler:
         if isinstance(module, SpeedupMixin):
             module.scheduler_config = None
+        elif isinstance(module, (ZooModule, ZooGPT2)):
+            module.use_scheduler = False
+    if schedule_free:
+        optimizer = "schedule_free_adamw" if ARCHS[name].kind == "tokens" else "schedule_free_sgd"
+        if isinstance(module, SpeedupMixin):
+            module.scheduler_config = None
+            module.optimizer_config = OptimizerConfig(optimizer, lr=module.optimizer_config.lr)
         elif isinstance(module, ZooModule):
             module.use_scheduler = False
+            module.optimizer_name = optimizer
     return module

@@ -41,6 +41,7 @@ class Technique:
     variant_of: str | None = None  # a variant is expected to behave like its base column unless EXPECTED says more
     combo: bool = False  # several techniques in one fit (a separate table in the README)
     module_scheduler: bool = True  # False: the zoo module returns its optimizer alone (the technique owns the schedule)
+    schedule_free: bool = False  # the zoo module builds a schedule-free optimizer and no scheduler
 
 
 # kwargs merged over a registered technique's `example_kwargs` for the zoo (keep each cell cheap)
@@ -50,6 +51,9 @@ ZOO_KWARGS: dict[str, dict[str, Any]] = {}
 # kind), marked slow so `-m "not slow"` leaves them out
 COMPILE_ARCHS: tuple[str, ...] | None = ("resnet18", "convnext_tiny", "vit", "swin", "timm_vit_tiny", "bert", "boring",
                                          "lightning_transformer", "resnet18_mixin")  # fmt: skip
+# schedule-free optimizers on a few rows (a plain and a mixin CNN with BatchNorm, plain and mixin BERT): the switch
+# does the same on every model, so more rows would only repeat it
+SCHEDULE_FREE_ARCHS = ("resnet18", "resnet18_mixin", "bert", "bert_mixin")
 
 
 def _registered() -> list[Technique]:
@@ -66,6 +70,18 @@ def _registered() -> list[Technique]:
         note = f"{info.callback.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
         if name == "compile":
             out.append(Technique(name, make, info.needs, archs=COMPILE_ARCHS, slow=True, note=note))
+        elif name == "schedule_free":
+            out.append(
+                Technique(
+                    name,
+                    make,
+                    ("schedulefree",),
+                    archs=SCHEDULE_FREE_ARCHS,
+                    module_scheduler=False,
+                    schedule_free=True,
+                    note=f"{note} on schedule_free_sgd (images) / _adamw (tokens)",
+                )
+            )
         else:
             out.append(Technique(name, make, info.needs, note=note))
     return out
@@ -154,7 +170,9 @@ _NO_CE = ("boring", "lightning_transformer")  # MSE / nll_loss: no cross-entropy
 _TOKEN_DATA = ("bert", "bert_mixin", "lightning_transformer")  # samples hold 1-D integer token tensors
 _OWN_SCHEDULER = tuple(a for a in ARCHS if a != "lightning_transformer")  # configure_optimizers returns a StepLR
 _NO_LR_ATTR = ("boring", "lightning_transformer")  # Lightning's demos hard-code lr=0.1 in configure_optimizers
-_NO_HEAD = ("boring", "lightning_transformer")  # no submodule named fc / classifier / head(s)
+# BoringModel's one layer is its output layer: the head (found as the layer giving the output's width) holds every
+# parameter, so there is no backbone to freeze (Lightning's demo transformer works: its `decoder` is found so)
+_NO_HEAD = ("boring",)
 
 # (arch, technique) -> WORKS | Refused(...); "*" matches any arch or technique. Unlisted cells are expected to work.
 EXPECTED: dict[tuple[str, str], str | Refused] = {
@@ -174,8 +192,11 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
     **{(a, "progressive_resizing"): Refused(r"(?i)image|4-D|resiz") for a in _NO_IMAGES},
     **{(a, "progressive_resizing"): Refused(r"(?i)fails on|smaller|size") for a in _FIXED_SIZE},
     # sequence batching is for token data: image and vector batches are refused at setup (the data, not the model)
-    **{(a, "sequence_batching"): Refused(r"(?i)no token tensor", names_module=False) for a in ARCHS
-       if a not in _TOKEN_DATA},
+    **{
+        (a, "sequence_batching"): Refused(r"(?i)no token tensor", names_module=False)
+        for a in ARCHS
+        if a not in _TOKEN_DATA
+    },
     # Lightning's demo Transformer embeds its (inputs, target) targets as decoder inputs: padded targets (-100, as
     # per-token labels are padded) cannot be embedded, which the callback's trial step finds at setup
     ("lightning_transformer", "sequence_batching"): Refused(r"(?i)training_step` failed on a"),
@@ -302,6 +323,11 @@ EFFECTS: dict[str, Effect] = {
         None if (t := _find(cbs, ls.ChannelsLastTrial)).rounds or t.kept else "no round timed and no layout kept"
     ),
     "finetune": _effect_attr(ls.FineTuneFreezing, "groups", "no layer group was frozen"),
+    "schedule_free": lambda model, cbs, dense: (
+        None
+        if all(ls.optim.is_schedule_free(o) and not ls.optim.in_train_mode(o) for o in model.trainer.optimizers)
+        else "the fit did not end on a schedule-free optimizer's eval weights"
+    ),
     "finetune_gradual": _effect_lr_decay,
     "label_smoothing": _effect_smoothing,
     "progressive_resizing": _effect_resized,
