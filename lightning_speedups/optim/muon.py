@@ -38,11 +38,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
+from lightning_speedups._heads import find_heads, is_linear_like
 
 __all__ = [
     "ADJUST_LR_FNS",
     "CONV_MODES",
-    "HEAD_NAMES",
     "MuonAssignment",
     "MuonWithAdamW",
     "NS_DTYPES",
@@ -55,8 +55,6 @@ __all__ = [
 ADJUST_LR_FNS = ("match_rms_adamw", "original", "spectral_unclamped")
 NS_DTYPES = ("auto", "bfloat16", "float32")
 CONV_MODES = ("adamw", "muon")
-# top-level names of output heads in torchvision, timm, Hugging Face and minimal GPT code
-HEAD_NAMES = ("lm_head", "head", "heads", "fc", "classifier", "output", "out_proj_head", "score", "qa_outputs")
 _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon post (the ones torch.optim.Muon uses)
@@ -115,17 +113,13 @@ def _owners(module: nn.Module) -> dict[int, tuple[nn.Parameter, list[tuple[str, 
     return owners
 
 
-def _is_matrix_layer(mod: nn.Module) -> bool:
-    # HF's Conv1D (GPT-2) is a linear layer with a transposed weight; matched by name so transformers stays optional
-    return isinstance(mod, nn.Linear) or type(mod).__name__ == "Conv1D"
-
-
 def _head_modules(module: nn.Module) -> list[str]:
-    """Names of the output heads: top-level (or one level down) modules named as heads, else the last linear layer."""
-    named = [n for n, _ in module.named_modules() if n and n.split(".")[-1] in HEAD_NAMES and n.count(".") <= 1]
-    if named:
-        return named
-    linears = [n for n, m in module.named_modules() if _is_matrix_layer(m)]
+    """Names of the output heads: by name or by a tie to an embedding (:func:`find_heads`), else the last linear
+    layer (the width rule would need a forward; the last linear layer is the head of the models that lack the rest)."""
+    heads = [h.name for h in find_heads(module, max_depth=1)]
+    if heads:
+        return heads
+    linears = [n for n, m in module.named_modules() if is_linear_like(m)]
     return linears[-1:]
 
 
