@@ -9,10 +9,13 @@ the plan by ``margin`` beyond noise. Candidates, in order (:func:`list_candidate
   :class:`~lightning_speedups.callbacks.sequence_batching.SequenceBatching` (skipped silently for other data);
 - ``"precision"``, ``"channels_last"``;
 - ``"data"``: device-resident data against the user's DataLoader;
-- ``"batch_size"``, only when named in ``candidates``: with LR scaling, a doubled batch must raise samples/s by
-  :data:`BATCH_DOUBLING_COST` and the margin, since it may need up to twice the samples (no fewer steps at the same
-  learning rate); that asks a step at twice the batch to run faster than the current one, which a step that grows
-  with the batch does not, so the default plan leaves it out (one note says so);
+- ``"batch_size"``, only when named in ``candidates``: a doubled batch trains with its learning rate scaled (square
+  root for Adam-type optimizers, linear for SGD) and must raise samples/s by more than the extra samples it needs to
+  the target, and the margin. That cost is measured from the gradient noise scale of a few of the user's batches
+  (McCandlish et al. 2018: ``(1 + 2r) / (1 + r)``, ``r`` = batch / noise scale, between 1x and 2x); where it cannot
+  be measured, or the lr cannot follow (a plain module's own ``configure_optimizers``), it is the bound
+  :data:`BATCH_DOUBLING_COST` (2x: no fewer steps at the same learning rate). The default plan leaves it out (one
+  note says so): a larger batch changes the optimisation, and the end-to-end bench measured the plan without it;
 - ``"optimizer"``: the fused/foreach kernel, compared only where the optimizer step is a large enough share of a
   training step to pay the margin even at zero cost, and only for a
   :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can set (a plain

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any
 
 import torch
@@ -30,28 +31,35 @@ from lightning_speedups.autotune.trials import (
     TrialContext,
     register_candidate,
 )
+from lightning_speedups.functional.batch_size.noise_scale import NoiseScale, gradient_noise_scale
 from lightning_speedups.measure import compare, model_copy, training_step_loss
 
-__all__ = ["BATCH_DOUBLING_COST", "ONLY_WHEN_NAMED"]
+__all__ = ["BATCH_DOUBLING_COST", "NOISE_SCALE_BATCHES", "ONLY_WHEN_NAMED"]
 
-# A doubled batch must raise samples/s by this factor (and the margin) to be kept. A step-time trial cannot see how
-# many more samples the larger batch needs to the target, and that varies by task; what holds on any task is the
-# bound: at the same learning rate a doubled batch takes no more steps to the same loss (it averages twice the
-# samples per step), so it needs at most twice the samples, and twice the samples/s never loses time. (The two
-# image bench tasks needed 1.5x: docs/evidence.md, section "autotune"; a constant fitted to them was not a rule.)
+# A doubled batch is kept when its samples/s rises by more than the extra samples it needs to the same loss (and the
+# margin). With its learning rate scaled (sqrt rule for Adam-type optimizers, linear for SGD), a larger batch needs
+# E(B) = E_min * (1 + B / B_noise) samples (McCandlish et al. 2018), so a doubling costs (1 + 2r) / (1 + r) times the
+# samples, r = B / B_noise: nothing far below the gradient noise scale, twice the samples far above it. The trial
+# measures r from the gradients of NOISE_SCALE_BATCHES of the user's batches
+# (:func:`~lightning_speedups.functional.batch_size.noise_scale.gradient_noise_scale`, its upper bound: before
+# training, where the noise scale is smallest), so the bar is that cost, between 1x and 2x. Where it cannot be
+# measured (fewer than 3 full batches, no noise to measure) or the lr cannot follow the batch (a plain module's own
+# configure_optimizers), the bar is the bound that holds on any task: at the same learning rate a doubled batch takes
+# no more steps to the same loss, so it needs at most twice the samples (BATCH_DOUBLING_COST), and twice the
+# samples/s never loses time. (The two image bench tasks needed 1.5x at an unscaled lr: docs/evidence.md, section
+# "autotune".)
 BATCH_DOUBLING_COST = 2.0
+NOISE_SCALE_BATCHES = 8
 
 # candidates measured only when named in ``candidates``, each with why the default plan leaves it out (one note)
 ONLY_WHEN_NAMED: dict[str, str] = {
-    # the bound above asks a step at twice the batch to take less time than the current step (2 x 1.05 the
-    # samples/s): a step does more work at a larger batch, so only noise could keep it, and its comparison (the
-    # costliest, 16 steps) would spend the budget of the candidates that can win. In every committed workload row it
-    # was never kept; its largest measured ratio was 2.07x, on the MLP, whose millisecond steps are all overhead
+    # the bar is the measured sample cost of a larger batch (1x to 2x, see above); the end-to-end bench has measured
+    # the default plan without it, and a larger batch changes the optimisation, not only the step time
     "batch_size": (
-        "batch_size not tried by default: a doubled batch is kept only at 2.1x the samples/s (it may need twice the "
-        "samples to reach the target), which means a step at twice the batch running faster than the current one; "
-        "steps take longer as the batch grows, so the comparison would only spend the budget. HINT: name it in "
-        "`candidates` to measure it, or use ThroughputBatchSizeFinder for the batch with the most samples/s"
+        "batch_size not tried by default: a larger batch changes the optimisation (its learning rate is scaled and "
+        "it may need more samples to the target: kept only when its samples/s rises by more than the extra samples "
+        "the gradient noise scale predicts, up to 2x, and the margin). HINT: name it in `candidates` to measure it, "
+        "or use ThroughputBatchSizeFinder for the batch with the most samples/s"
     ),
 }
 
@@ -211,14 +219,47 @@ def _batch_size_blocker(ctx: TrialContext) -> str | None:
     return None if why is None else f"batch_size not tried: {why}"
 
 
+def _noise_scale(ctx: TrialContext) -> tuple[NoiseScale | None, str]:
+    """The gradient noise scale of the model at the user's batch, from ``NOISE_SCALE_BATCHES`` batches of the loader
+    (the global RNG forked), on a copy; ``None`` and why when the bar stays at the bound."""
+    from lightning_speedups.optim import SpeedupMixin
+
+    if not isinstance(ctx.model, SpeedupMixin):
+        return None, f"the lr of `{type(ctx.model).__name__}.configure_optimizers` cannot follow the batch"
+    if ctx.loader is None:
+        return None, "no training loader to measure the gradient noise scale on"
+    model = model_copy(ctx.model, train=True).to(ctx.device)
+    with torch.random.fork_rng(devices=[]):
+        batches = [move_data_to_device(b, ctx.device) for b in islice(ctx.loader, NOISE_SCALE_BATCHES)]
+        scale = gradient_noise_scale(model, batches, lambda m, b, i: training_step_loss(m, b, i, quiet=True))
+    if scale is None:
+        return None, f"the gradient noise scale could not be measured on {len(batches)} batches"
+    return scale, (
+        f"gradient noise scale ~{scale.b_simple:.0f} samples at batch {scale.batch_size} (upper bound of batch / "
+        f"noise scale {scale.ratio_high:.2f}, {scale.batches} batches)"
+    )
+
+
 def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
+    """Keep a doubled (then quadrupled) batch, its lr scaled by its optimizer's rule, only when its samples/s rises
+    by more than the extra samples it needs to the same loss and the margin.
+
+    The extra samples are ``(1 + 2r) / (1 + r)`` (McCandlish et al. 2018, with the lr tuned for each size), ``r``
+    the batch over the gradient noise scale measured on the user's batches (:func:`_noise_scale`, the upper bound
+    of its jackknife interval, at initialisation where the noise scale is smallest): a measured bar between 1x and
+    2x instead of the 2x bound, which is kept where ``r`` cannot be measured or the plan cannot scale the lr (a plain
+    module's own ``configure_optimizers``): "do no harm", when unclear the user's batch stays. The note says which
+    bar decided.
+    """
     # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won.
     # x2 gets half the share (at least its price), x4 what is left of it (at least its price: its steps cost twice)
     scale, rounds, gain, interval, stopped = 1, 0, 1.0, (1.0, 1.0), ""
-    need = (1.0 + ctx.margin) * BATCH_DOUBLING_COST
+    noise, why = _noise_scale(ctx)
     allowance, spent_from = ctx.budget_left() * share, ctx.clock()
     for trial in (2, 4):
-        price = ctx.price("batch_size") * (trial // 2)
+        cost = BATCH_DOUBLING_COST if noise is None else noise.doubling_cost(trial // 2)
+        need = (1.0 + ctx.margin) * cost
+        price = (ctx.price("batch_size") - NOISE_SCALE_BATCHES * ctx.step_s) * (trial // 2)  # the comparison's
         budget = max(allowance / 2, price) if trial == 2 else allowance - (ctx.clock() - spent_from)
         if budget < price:
             stopped = (
@@ -227,12 +268,15 @@ def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
             )
             break
         larger = {**ctx.plan, "batch_scale": trial}
-        fns = {"smaller": ctx.step({**ctx.plan, "batch_scale": trial // 2}, steps=2, fresh=True),
-               "larger": ctx.step(larger, fresh=True)}  # fmt: skip
+        fns = {
+            "smaller": ctx.step({**ctx.plan, "batch_scale": trial // 2}, steps=2, fresh=True),
+            "larger": ctx.step(larger, fresh=True),
+        }
         result = ctx.compare(fns, "smaller", min(1.0, budget / max(ctx.budget_left(), 1e-12)), min_gain=need - 1.0)
         rounds += result.trials
         if result.winner != "larger":
-            stopped = f"x{trial} vs x{trial // 2}: {_not_larger(ctx, result.ratios.get('larger'), result.note, need)}"
+            not_larger = _not_larger(ctx, result.ratios.get("larger"), result.note, need, cost)
+            stopped = f"x{trial} vs x{trial // 2}: {not_larger}"
             break
         lo, mid, hi = result.ratios["larger"]  # x4 is x2 times x4-over-x2: the gains and their bounds multiply
         scale, gain, interval = trial, gain * mid, (interval[0] * lo, interval[1] * hi)
@@ -240,17 +284,19 @@ def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
     ctx.plan["batch_scale"] = scale
     kept = f"batch x{scale}: {gain:.2f}x the samples/s" if scale > 1 else "batch size kept"
     note = kept + (f" ({stopped})" if stopped and scale > 1 else f": {stopped}" if stopped else "")
+    note += f"; bar: {why}" if noise is not None else f"; bar: at most 2x the samples ({why})"
     return Choice("batch_size", scale, [1, 2, 4], gain, interval, rounds, note, changed=scale > 1)
 
 
-def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, note: str, need: float) -> str:
+def _not_larger(
+    ctx: TrialContext, measured: tuple[float, float, float] | None, note: str, need: float, cost: float
+) -> str:
     """Why the larger batch was not kept: its samples/s on this run against what it needed, or the comparison's
     note (too few rounds)."""
     if measured and not (note or "").startswith("only "):
         return (
             f"{measured[1]:.2f}x the samples/s, below the {need:.2f}x needed: a doubled batch may need up to "
-            f"{BATCH_DOUBLING_COST:g}x the samples to reach the target (no fewer steps), and the margin is "
-            f"{ctx.margin:.0%}"
+            f"{cost:.3g}x the samples to reach the target, and the margin is {ctx.margin:.0%}"
         )
     return note or "not faster"
 
@@ -258,8 +304,9 @@ def _not_larger(ctx: TrialContext, measured: tuple[float, float, float] | None, 
 for _name, _trial, _steps, _blocker in (
     ("precision", _precision, COMPARISON_STEPS, _precision_blocker),
     ("channels_last", _channels_last, COMPARISON_STEPS, _channels_last_blocker),
-    # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round
-    ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS, _batch_size_blocker),
+    # x2 vs x1 on the same samples: 2 steps against one step twice as large, both warmed up: 4 + 4 per round; and
+    # the gradients of the batches that measure the noise scale (about a step each)
+    ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS + NOISE_SCALE_BATCHES, _batch_size_blocker),
     # the least: the check of the optimizer's share of a step
     ("optimizer", _optimizer, COMPARISON_STEPS, _optimizer_blocker),
 ):

@@ -17,6 +17,7 @@ from lightning_speedups.autotune.trials import Choice
 from lightning_speedups.callbacks.batch_size.loaders import fit_loader_problem, rebuild_loader
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.optim import SpeedupMixin, scale_lr
+from lightning_speedups.optim.lr_scaling import auto_lr_rule_for_name
 
 __all__ = ["RunShape", "TunePlan", "build_plan"]
 
@@ -77,8 +78,9 @@ class TunePlan:
         ``plan.datamodule``) when the data trial kept one, else a plain ``DataLoader`` passed as ``datamodule`` is
         rebuilt at the planned size as ``plan.train_dataloaders`` (fit with that one: a DataLoader cannot be
         re-batched in place), else the ``batch_size`` attribute of the datamodule or the model. A
-        :class:`SpeedupMixin` model's lr follows by the square-root rule; a plain module's follows through the
-        schedule method's peak. When the batch cannot be set, nothing is scaled and a note says why. The fused /
+        :class:`SpeedupMixin` model's lr follows by its optimizer's rule (square root for Adam-type, linear for SGD;
+        a config with its own ``lr_scaling`` follows the batch it is built with); a plain module's follows through
+        the schedule method's peak. When the batch cannot be set, nothing is scaled and a note says why. The fused /
         foreach kernel is set on a SpeedupMixin model's ``optimizer_config``; autotune does not try it for a plain
         module, whose own ``configure_optimizers`` builds the optimizer. Call it once, before the fit.
 
@@ -94,9 +96,12 @@ class TunePlan:
                 for cb in self.callbacks:
                     if isinstance(cb, FastSchedule) and cb.batch_size is not None:
                         cb.base_batch_size = cb.batch_size = None
-            elif isinstance(model, SpeedupMixin):  # keep the LR right for the larger batch (sqrt rule)
+            elif isinstance(model, SpeedupMixin) and model.optimizer_config.lr_scaling is None:
+                # keep the LR right for the larger batch: sqrt rule for Adam-type optimizers, linear for SGD (a
+                # config with its own `lr_scaling` already follows the batch it is built with)
                 cfg = model.optimizer_config
-                model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, "sqrt"))
+                rule = auto_lr_rule_for_name(cfg.name)
+                model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, rule))
         if impl and isinstance(model, SpeedupMixin):
             model.optimizer_config = dataclasses.replace(model.optimizer_config, implementation=impl)
         elif impl:

@@ -24,6 +24,7 @@ from lightning_speedups.autotune.optim import trial_optimizer, with_implementati
 from lightning_speedups.functional.channels_last import apply_channels_last, to_channels_last
 from lightning_speedups.functional.compile import compile_model
 from lightning_speedups.measure import Comparison, compare, make_train_step, model_copy, training_step_loss
+from lightning_speedups.optim.lr_scaling import auto_lr_rule, lr_factor, scale_optimizer_lrs
 
 __all__ = [
     "APPLIES",
@@ -180,6 +181,8 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
         apply_channels_last(model, warn=False)  # 4-D tensors only (Module.to raises on a Conv3d's 5-D weight)
         batch = to_channels_last(batch)
     optimizer = _trial_optimizer(ctx, model, plan.get("implementation"))
+    scale = int(plan.get("batch_scale", 1))  # a larger batch trains with its lr scaled, as the plan would apply it
+    scale_optimizer_lrs(optimizer, [], lr_factor(scale, 1, auto_lr_rule(optimizer)))
     precision = plan.get("precision", "32-true")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)  # 32-true: no autocast at all
     step = make_train_step(model, batch, optimizer=optimizer, autocast_dtype=dtype, loss=training_step_loss,

@@ -27,7 +27,13 @@ from lightning_speedups.autotune.budget import (
 from lightning_speedups.autotune.candidates import ONLY_WHEN_NAMED
 from lightning_speedups.autotune.data import device_twin
 from lightning_speedups.autotune.kinds import model_kind
-from lightning_speedups.autotune.methods import ema_choice, plan_methods, schedule_choice, schedule_warmup
+from lightning_speedups.autotune.methods import (
+    check_methods,
+    ema_choice,
+    plan_methods,
+    schedule_choice,
+    schedule_warmup,
+)
 from lightning_speedups.autotune.plan import RunShape, TunePlan, build_plan
 from lightning_speedups.autotune.trials import CANDIDATES, Choice, TrialContext
 from lightning_speedups.measure import PlanCache, plan_key
@@ -61,9 +67,10 @@ def autotune(
             ``training_step`` is timed, with the first optimizer its ``configure_optimizers`` returns (AdamW, with a
             note, when that needs a fit).
         datamodule_or_loaders: a LightningDataModule, a training DataLoader, or ``None`` (the model's own).
-        candidates: a subset of :func:`list_candidates` (default: all but ``"batch_size"``, which the plan could
-            keep only at twice the samples/s, i.e. where a step at twice the batch runs faster than the current one:
-            a note says so, and naming it measures it). A candidate the plan could not apply to
+        candidates: a subset of :func:`list_candidates` (default: all but ``"batch_size"``, which changes the
+            optimisation: a larger batch is kept, with its lr scaled, only when its samples/s rises by more than the
+            extra samples the measured gradient noise scale predicts; a note says so, and naming it measures it).
+            A candidate the plan could not apply to
             this model and data is not tried, with a note: the batch size for a loader that cannot be rebuilt
             (custom sampler or batch_sampler, IterableDataset) or data with no ``batch_size`` to set; the fused /
             foreach kernel for a module that is not a SpeedupMixin; the batching for token data in a
@@ -108,9 +115,10 @@ def autotune(
         SpeedupConfigError: an unknown candidate or method, ``budget_s`` <= 0, ``margin`` < 0, no training data.
     """
     names = _check_arguments(candidates, budget_s, margin)
-    kind = model_kind(model)
-    method_names, methods_note = plan_methods(methods, kind)
+    check_methods(methods)  # an unknown method raises before the data is read
     run = _read_run(model, datamodule_or_loaders, trainer_kwargs, clock)
+    kind = model_kind(model, run.batch)  # one forward only where a user forward's source cannot be read
+    method_names, methods_note = plan_methods(methods, kind)
     key = plan_key(model, run.shapes, {"candidates": names, "methods": method_names, "margin": margin,
                                        "no_bf16": no_bf16, "device": str(run.device), "kind": kind})  # fmt: skip
     store = PlanCache(cache_dir) if cache else None

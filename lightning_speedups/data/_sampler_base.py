@@ -116,9 +116,10 @@ class SequenceBatchSampler(Sampler[list[int]]):
             self._consumed = 0  # a new epoch has consumed nothing yet: state_dict() must not carry the old count
         self.epoch = epoch
 
-    def _generator(self, salt: int) -> torch.Generator:
+    def _generator(self, salt: int, epoch: int | None = None) -> torch.Generator:
+        """The seeded generator of ``epoch`` (default: the current one); ``salt`` tells its uses apart."""
         gen = torch.Generator()
-        gen.manual_seed(self.seed * 1_000_003 + self.epoch * 7919 + salt)
+        gen.manual_seed(self.seed * 1_000_003 + (self.epoch if epoch is None else epoch) * 7919 + salt)
         return gen
 
     def batches(self) -> list[list[int]]:

@@ -24,6 +24,7 @@ from tests.helpers import quiet_trainer
 def Digits(batch_size: int = 32) -> DigitsDataModule:  # noqa: N802
     return DigitsDataModule(batch_size=batch_size, size=16)
 
+
 TINY = dict(steps_per_trial=1, warmup_steps=0, verbose=False, trial_min_time=None)
 
 
@@ -65,10 +66,16 @@ def test_batch_size_misconfiguration():
         ThroughputBatchSizeFinder(memory_budget=1.2)
     with pytest.raises(SpeedupConfigError, match="`mode`='binsearch' is not supported"):
         ThroughputBatchSizeFinder(mode="binsearch")
+    with pytest.raises(SpeedupConfigError, match=r"`lr_scaling`='cubic' is not supported. Allowed values: 'auto', "):
+        ThroughputBatchSizeFinder(lr_scaling="cubic")
     with pytest.raises(SpeedupConfigError, match="`scale_lr`='cubic' is not supported"):
         ThroughputBatchSizeFinder(scale_lr="cubic")
-    with pytest.raises(SpeedupConfigError, match="cannot be combined with `keep_global_batch`"):
+    with pytest.raises(SpeedupConfigError, match="`lr_scaling`='linear' cannot be combined with `keep_global_batch`"):
+        ThroughputBatchSizeFinder(lr_scaling="linear", keep_global_batch=True)
+    with pytest.raises(SpeedupConfigError, match="`scale_lr`='linear' cannot be combined with `keep_global_batch`"):
         ThroughputBatchSizeFinder(scale_lr="linear", keep_global_batch=True)
+    with pytest.raises(SpeedupConfigError, match="`scale_lr`='sqrt' and `lr_scaling`='linear' were both given"):
+        ThroughputBatchSizeFinder(scale_lr="sqrt", lr_scaling="linear")
     with pytest.raises(SpeedupConfigError, match="`keep_global_batch`=-4 is invalid"):
         ThroughputBatchSizeFinder(keep_global_batch=-4)
     with pytest.raises(SpeedupConfigError, match="`attr_name`='batch size' is invalid"):
@@ -86,8 +93,11 @@ def test_batch_size_misconfiguration():
         trainer = quiet_trainer(max_steps=1, callbacks=[cb] + kw.pop("extra", []), **kw)
         trainer.fit(DemoClassifier(width=8), train_dataloaders=loader, datamodule=dm)
 
-    with pytest.raises(SpeedupConfigError, match="`attr_name`='micro_batch' was not found. Looked in: the model, "
-                       "the datamodule, `model.hparams` and `datamodule.hparams`"):
+    with pytest.raises(
+        SpeedupConfigError,
+        match="`attr_name`='micro_batch' was not found. Looked in: the model, "
+        "the datamodule, `model.hparams` and `datamodule.hparams`",
+    ):
         fit(finder(attr_name="micro_batch"), Digits())
     with pytest.raises(SpeedupConfigError, match="asks for 5000 samples per optimizer step but the training set has"):
         fit(finder(keep_global_batch=5000), Digits())
@@ -117,8 +127,10 @@ def _train(cb: Callback | None, steps: int = 2) -> dict[str, torch.Tensor]:
     dm, model = Digits(batch_size=32), DemoClassifier(width=8)
     trainer = quiet_trainer(max_steps=steps, limit_val_batches=0, callbacks=[cb] if cb else [])
     trainer.fit(model, datamodule=dm)
-    return {**model.state_dict(), **{f"opt.{k}": v["exp_avg"] for k, v in trainer.optimizers[0].state_dict()["state"]
-                                     .items()}}
+    return {
+        **model.state_dict(),
+        **{f"opt.{k}": v["exp_avg"] for k, v in trainer.optimizers[0].state_dict()["state"].items()},
+    }
 
 
 def test_batch_size_fit_restores_training_exactly():
@@ -234,33 +246,104 @@ def test_batch_size_keeps_the_loaders_size_when_every_size_runs_over_the_memory_
         quiet_trainer(max_steps=1, callbacks=[finder(init_val=4)]).fit(OOMAbove(limit=1), Digits(batch_size=8))
 
 
+class WithScheduler(DemoClassifier):
+    """SGD (or ``opt``) with a scheduler (``sched(optimizer)``, default StepLR) from ``configure_optimizers``."""
+
+    def __init__(self, opt: Any = None, sched: Any = None, **kw: Any) -> None:
+        super().__init__(width=8, **kw)
+        self.make_opt = opt or (lambda p: torch.optim.SGD(p, lr=0.1))
+        self.make_sched = sched or (lambda o: torch.optim.lr_scheduler.StepLR(o, 100))
+
+    def configure_optimizers(self) -> Any:
+        opt = self.make_opt(self.parameters())
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.make_sched(opt), "interval": "step"}}
+
+
 @pytest.mark.parametrize("rule, factor", [("linear", 4.0), ("sqrt", 2.0)])
 def test_batch_size_scale_lr(rule, factor):
-    class WithScheduler(DemoClassifier):
-        def configure_optimizers(self) -> Any:
-            opt = torch.optim.SGD(self.parameters(), lr=0.1)
-            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 100)}
-
-    cb = finder(mode="max_fit", init_val=64, max_val=64, scale_lr=rule)
+    cb = finder(mode="max_fit", init_val=64, max_val=64, lr_scaling=rule)
     trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
-    trainer.fit(WithScheduler(width=8), datamodule=Digits(batch_size=16))
+    trainer.fit(WithScheduler(), datamodule=Digits(batch_size=16))
     assert cb.result.lr_factor == pytest.approx(factor)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * factor)
     assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [pytest.approx(0.1 * factor)]
     # SpeedupMixin model: its optimizer_config follows, so rebuilt optimizers keep the scaled lr
     model = DemoClassifier(width=8, optimizer_config={"name": "sgd", "lr": 0.1})
-    cb = finder(mode="max_fit", init_val=64, max_val=64, scale_lr=rule)
+    cb = finder(mode="max_fit", init_val=64, max_val=64, lr_scaling=rule)
     trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
     trainer.fit(model, datamodule=Digits(batch_size=16))
     assert model.optimizer_config.lr == pytest.approx(0.1 * factor)
     for group in trainer.optimizers[0].param_groups:
         assert group["lr"] == pytest.approx(0.1 * factor * group.get("lr_mult", 1.0))
+    # the deprecated name still works
+    with pytest.deprecated_call(match="`scale_lr` is deprecated, pass `lr_scaling` instead"):
+        old = finder(mode="max_fit", init_val=64, max_val=64, scale_lr=rule)
+    assert old.lr_scaling == rule
 
 
-@pytest.mark.parametrize("keep, accumulate, max_val, chosen, accumulated", [
-    (True, 2, 4096, 64, 1),  # 32 x 2 kept: 64 fits, accumulation drops to 1
-    (64, 1, 16, 16, 4),  # an explicit target: 16 per step, 4 accumulated
-])
+@pytest.mark.parametrize(
+    "make_opt, rule, factor",
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "linear", 4.0),
+        (lambda p: torch.optim.SGD(p, lr=0.1), "linear", 4.0),
+        (lambda p: torch.optim.AdamW(p, lr=0.1), "sqrt", 2.0),
+        (lambda p: torch.optim.RMSprop(p, lr=0.1), "sqrt", 2.0),
+        (lambda p: torch.optim.Adagrad(p, lr=0.1), "sqrt", 2.0),
+    ],
+    ids=["sgd-momentum", "sgd", "adamw", "rmsprop", "adagrad"],
+)
+def test_batch_size_auto_lr_scaling_by_optimizer(make_opt, rule, factor):
+    cb = finder(mode="max_fit", init_val=64, max_val=64)  # lr_scaling="auto" by default
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
+    trainer.fit(WithScheduler(make_opt), datamodule=Digits(batch_size=16))
+    name = type(trainer.optimizers[0]).__name__
+    assert cb.result.lr_factor == pytest.approx(factor) and trainer.optimizers[0].param_groups[0]["lr"] == (
+        pytest.approx(0.1 * factor)
+    )
+    # the summary line says what the lr got and why
+    assert f"learning rate for batch 16 -> 64: x{factor:g} by the {rule} rule ({name}: " in cb.result.table()
+    # a SpeedupMixin's Adam (the demo default): sqrt, and its config follows
+    model = DemoClassifier(width=8)
+    cb = finder(mode="max_fit", init_val=64, max_val=64)
+    quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb]).fit(model, datamodule=Digits(batch_size=16))
+    assert cb.result.lr_factor == pytest.approx(2.0) and model.optimizer_config.lr == pytest.approx(2e-3)
+    # lr_scaling=None and an optimizer no rule is known for leave the lr alone, and say so
+    cb = finder(mode="max_fit", init_val=64, max_val=64, lr_scaling=None)
+    trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
+    trainer.fit(WithScheduler(make_opt), datamodule=Digits(batch_size=16))
+    assert cb.result.lr_factor == 1.0 and trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1)
+    assert "not scaled (`lr_scaling`=None)" in cb.result.lr_note
+
+
+def test_batch_size_lr_scaling_keeps_a_schedule_going():
+    """A OneCycle schedule scaled by the finder runs on as the unscaled one times the factor (peak and floor too)."""
+
+    def onecycle(opt: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=20)
+
+    def lrs(cb: Any) -> list[float]:
+        seen: list[float] = []
+
+        class Record(Callback):
+            def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+                seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+        trainer = quiet_trainer(max_steps=6, limit_val_batches=0, callbacks=[c for c in (cb, Record()) if c])
+        trainer.fit(WithScheduler(sched=onecycle), datamodule=Digits(batch_size=16 if cb else 64))
+        return seen
+
+    scaled = lrs(finder(mode="max_fit", init_val=64, max_val=64, lr_scaling="linear"))
+    plain = lrs(None)
+    assert scaled == pytest.approx([4.0 * x for x in plain])
+
+
+@pytest.mark.parametrize(
+    "keep, accumulate, max_val, chosen, accumulated",
+    [
+        (True, 2, 4096, 64, 1),  # 32 x 2 kept: 64 fits, accumulation drops to 1
+        (64, 1, 16, 16, 4),  # an explicit target: 16 per step, 4 accumulated
+    ],
+)
 def test_batch_size_keep_global_batch(keep, accumulate, max_val, chosen, accumulated):
     cb = finder(mode="max_fit", init_val=16, max_val=max_val, keep_global_batch=keep)
     trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb], accumulate_grad_batches=accumulate)
@@ -272,7 +355,7 @@ def test_batch_size_keep_global_batch(keep, accumulate, max_val, chosen, accumul
 
 def test_batch_size_resume_does_not_search_again(tmp_path, monkeypatch):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
-    cb = finder(mode="max_fit", init_val=32, max_val=64, scale_lr="linear")
+    cb = finder(mode="max_fit", init_val=32, max_val=64, lr_scaling="linear")
     trainer = quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[cb, ckpt], enable_checkpointing=True)
     trainer.fit(DemoClassifier(width=8), datamodule=Digits(batch_size=16))
     assert cb.result.chosen == 64 and trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(4e-3)
@@ -281,7 +364,7 @@ def test_batch_size_resume_does_not_search_again(tmp_path, monkeypatch):
         raise AssertionError("searched again on resume")
 
     monkeypatch.setattr(ThroughputBatchSizeFinder, "_trial", no_trials)
-    resumed = finder(mode="max_fit", init_val=32, max_val=64, scale_lr="linear")
+    resumed = finder(mode="max_fit", init_val=32, max_val=64, lr_scaling="linear")
     dm, model, seen = Digits(batch_size=16), DemoClassifier(width=8), BatchSizes()
     trainer = quiet_trainer(max_steps=4, limit_val_batches=0, callbacks=[resumed, seen])
     trainer.fit(model, datamodule=dm, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
@@ -289,6 +372,36 @@ def test_batch_size_resume_does_not_search_again(tmp_path, monkeypatch):
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(4e-3)  # from the checkpoint, not rescaled
     assert model.optimizer_config.lr == pytest.approx(4e-3)
     assert seen.seen == {0: [64, 64]} and trainer.global_step == 4
+
+
+def test_batch_size_resume_keeps_the_auto_scaled_lr_once(tmp_path, monkeypatch):
+    """``lr_scaling="auto"`` (sqrt for AdamW) with a scheduler: the checkpoint holds the scaled lr and base lrs, the
+    finder's state loads with ``weights_only=True``, and a resumed fit neither searches nor scales again."""
+
+    def adamw(p: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(p, lr=0.01)
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    cb = finder(mode="max_fit", init_val=64, max_val=64)
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[cb, ckpt], enable_checkpointing=True)
+    trainer.fit(WithScheduler(adamw), datamodule=Digits(batch_size=16))
+    assert cb.result.lr_factor == pytest.approx(2.0) and "x2 by the sqrt rule (AdamW: Adam-type)" in cb.result.lr_note
+    assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [pytest.approx(0.02)]
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    (state,) = [v for k, v in saved["callbacks"].items() if "ThroughputBatchSizeFinder" in k]
+    assert state["history"][0]["lr_factor"] == pytest.approx(2.0) and state["history"][0]["chosen"] == 64
+    assert saved["lr_schedulers"][0]["base_lrs"] == [pytest.approx(0.02)]
+
+    def no_trials(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("searched again on resume")
+
+    monkeypatch.setattr(ThroughputBatchSizeFinder, "_trial", no_trials)
+    resumed = finder(mode="max_fit", init_val=64, max_val=64)
+    trainer = quiet_trainer(max_steps=4, limit_val_batches=0, callbacks=[resumed])
+    trainer.fit(WithScheduler(adamw), datamodule=Digits(batch_size=16), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.02)  # scaled once, from the checkpoint
+    assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [pytest.approx(0.02)]
+    assert resumed.result.lr_factor == pytest.approx(2.0) and len(resumed.history) == 1
 
 
 def test_batch_size_rerun_at_later_epoch():
@@ -319,8 +432,11 @@ class _WriteResult(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         cb = next(c for c in trainer.callbacks if isinstance(c, ThroughputBatchSizeFinder))
-        record = {"chosen": cb.result.chosen, "dm": trainer.datamodule.batch_size,
-                  "trials": [[t.batch_size, t.status] for t in cb.result.trials]}
+        record = {
+            "chosen": cb.result.chosen,
+            "dm": trainer.datamodule.batch_size,
+            "trials": [[t.batch_size, t.status] for t in cb.result.trials],
+        }
         Path(self.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
@@ -328,8 +444,15 @@ class _WriteResult(Callback):
 def test_batch_size_ddp_ranks_agree(tmp_path):
     # only rank 1 runs out of memory at 64: both ranks must still stop there and train with 32
     cb = finder(mode="max_fit", init_val=16, max_val=128)
-    trainer = quiet_trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=1, limit_val_batches=0,
-                            callbacks=[cb, _WriteResult(str(tmp_path))], default_root_dir=tmp_path)
+    trainer = quiet_trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=1,
+        limit_val_batches=0,
+        callbacks=[cb, _WriteResult(str(tmp_path))],
+        default_root_dir=tmp_path,
+    )
     trainer.fit(OOMAbove(limit=64, rank=1), datamodule=Digits(batch_size=8))
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rec in records:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from lightning_speedups import SpeedupConfigError
 from lightning_speedups.data import LengthGroupedSampler, PackedBatchSampler, TokenBudgetBatchSampler, pad_fraction
 
-KINDS = ["length_grouped", "token_budget", "packed"]
+KINDS = ["length_grouped", "length_grouped_auto", "token_budget", "packed"]
 
 
 def _lengths(n: int = 97, high: int = 30, seed: int = 0) -> list[int]:
@@ -32,6 +32,8 @@ def _skewed(n: int = 5000, sigma: float = 0.5, seed: int = 0) -> torch.Tensor:
 def _make(kind: str, lengths: Any, **kw: Any) -> Any:
     if kind == "length_grouped":
         kw.setdefault("group_batches", 5)
+        return LengthGroupedSampler(lengths, kw.pop("batch_size", 4), **kw)
+    if kind == "length_grouped_auto":  # the default: the group size found from the lengths
         return LengthGroupedSampler(lengths, kw.pop("batch_size", 4), **kw)
     if kind == "token_budget":
         return TokenBudgetBatchSampler(lengths, kw.pop("max_tokens", 64), **kw)
@@ -177,19 +179,109 @@ def test_length_grouped_pad_fraction_skewed():
 
 
 def test_length_grouped_pad_fraction_heavier_tail():
-    """Sorting within random groups of 50 batches pads more as the tail grows; larger groups pad less.
+    """Sorting within random groups of 50 batches pads more as the tail grows; larger groups pad less; "auto" finds
+    the group size that keeps the padding under 5%.
 
-    On lognormal(5, 0.5) lengths the default grouping pads ~6% (Hugging Face's group_by_length has the same
+    On lognormal(5, 0.5) lengths fixed groups of 50 batches pad ~6% (Hugging Face's group_by_length has the same
     trade-off: small groups mix the data set more); one group over the whole data set stays under 5%.
     """
     lengths = _skewed(sigma=0.5)
     pad_to_max = pad_fraction(lengths, [list(range(len(lengths)))])
-    default = pad_fraction(lengths, list(LengthGroupedSampler(lengths, 32)))
-    assert default <= 0.08 < pad_to_max
+    fixed = pad_fraction(lengths, list(LengthGroupedSampler(lengths, 32, group_batches=50)))
+    assert 0.05 < fixed <= 0.08 < pad_to_max
     fractions = [pad_fraction(lengths, list(LengthGroupedSampler(lengths, 32, group_batches=g))) for g in (5, 50, 157)]
     assert fractions[0] > fractions[1] > fractions[2]
     assert fractions[2] <= 0.05, "one group (whole data set sorted, batches shuffled)"
     assert pad_fraction(lengths, list(LengthGroupedSampler(lengths, 32, shuffle=False))) <= 0.05
+    auto = LengthGroupedSampler(lengths, 32)
+    assert pad_fraction(lengths, list(auto)) <= 0.05 and 50 < auto.group_size < 157
+
+
+def _lognormal(n: int = 20000, seed: int = 0) -> torch.Tensor:
+    """The issue's long tail: log-normal lengths, median 37 tokens, clipped at 512 (groups of 50 batches pad 12%)."""
+    noise = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    return torch.exp(math.log(37.0) + 0.8 * noise).round().clamp(1, 512).long()
+
+
+def _bimodal(n: int = 20000, seed: int = 0) -> torch.Tensor:
+    """Short questions and long documents: 70% around 30 tokens, 30% around 400."""
+    g = torch.Generator().manual_seed(seed)
+    short = 30.0 + 5.0 * torch.randn(n, generator=g)
+    long = 400.0 + 40.0 * torch.randn(n, generator=g)
+    return torch.where(torch.rand(n, generator=g) < 0.7, short, long).round().clamp(1, 512).long()
+
+
+DISTRIBUTIONS = {
+    "uniform": lambda: torch.randint(1, 513, (20000,), generator=torch.Generator().manual_seed(0)),
+    "lognormal": _lognormal,
+    "bimodal": _bimodal,
+    "equal": lambda: torch.full((20000,), 64),
+}
+
+
+@pytest.mark.parametrize("batch_size", [8, 32])
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+def test_length_grouped_auto_keeps_padding_under_5pct(name, batch_size):
+    lengths = DISTRIBUTIONS[name]()
+    sampler = LengthGroupedSampler(lengths, batch_size, seed=3)
+    for epoch in range(3):  # the group size was found on two epochs of this seed: the third is checked too
+        sampler.set_epoch(epoch)
+        assert pad_fraction(lengths, list(sampler)) <= 0.05, f"{name}, epoch {epoch}, group {sampler.group_size}"
+    group = sampler.group_size
+    assert group == LengthGroupedSampler(lengths, batch_size, seed=3).group_size, "deterministic given the seed"
+    if name == "equal":
+        assert group == 1, "nothing to sort: every batch random"
+    else:  # the most random grouping that meets the bound: a quarter of the group pads more than 5%
+        quarter = LengthGroupedSampler(lengths, batch_size, seed=3, group_batches=max(1, group // 4))
+        assert pad_fraction(lengths, list(quarter)) > 0.05
+
+
+def test_length_grouped_auto_on_the_issues_long_tail():
+    # issue 49: on log-normal lengths (median 37, a tail to 512) fixed groups of 50 batches pad 12% of the tokens
+    lengths = _lognormal()
+    assert float(lengths.median()) == 37.0 and int(lengths.max()) == 512
+    assert pad_fraction(lengths, list(LengthGroupedSampler(lengths, 32, group_batches=50))) > 0.11
+    sampler = LengthGroupedSampler(lengths, 32)
+    assert pad_fraction(lengths, list(sampler)) <= 0.05 and sampler.group_size == 128
+    # a stricter bound needs larger groups
+    strict = LengthGroupedSampler(lengths, 32, max_pad_fraction=0.02)
+    assert strict.group_size > sampler.group_size and pad_fraction(lengths, list(strict)) <= 0.02
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_length_grouped_auto_ddp_shares_are_disjoint_and_equal(world):
+    lengths = _lognormal(n=3001)
+    per_rank = [LengthGroupedSampler(lengths, 16, seed=2, rank=r, world_size=world) for r in range(world)]
+    assert len({s.group_size for s in per_rank}) == 1, "every rank finds the same group size"
+    batches = [list(s) for s in per_rank]
+    assert len({len(b) for b in batches}) == 1, "every rank runs the same number of steps"
+    everything = [tuple(b) for rank in batches for b in rank]
+    copies = Counter(everything)
+    assert sum(c - 1 for c in copies.values()) < world, "only the batches that complete the last step repeat"
+    assert sorted(i for b in copies for i in b) == list(range(len(lengths))), "disjoint, and together every index"
+    assert pad_fraction(lengths, [list(b) for b in copies]) <= 0.05
+
+
+def test_length_grouped_auto_warns_when_no_grouping_reaches_the_bound():
+    lengths = _lognormal(n=2000)  # 2000 samples in batches of 64: the tail's batches span hundreds of tokens
+    with pytest.warns(UserWarning, match="even the whole data set sorted by length pads .* HINT: TokenBudgetBatch"):
+        sampler = LengthGroupedSampler(lengths, 64)
+        batches = list(sampler)
+    assert sampler.group_size == len(batches) == 32
+
+
+def test_length_grouped_explicit_group_is_unchanged():
+    """An explicit ``group_batches`` builds the same batches as the per-group loop it replaced."""
+    lengths = _skewed(n=997, sigma=0.5)
+    for world in (1, 2):
+        sampler = LengthGroupedSampler(lengths, 8, group_batches=5, seed=4, rank=0, world_size=world)
+        perm = torch.randperm(len(lengths), generator=sampler._generator(0))
+        group = math.ceil(5 / world) * world * 8
+        order = []
+        for start in range(0, len(perm), group):
+            chunk = perm[start : start + group]
+            order.extend(chunk[torch.sort(lengths[chunk], stable=True).indices].tolist())
+        assert sampler._global_batches(sampler._generator(0)) == [order[i : i + 8] for i in range(0, len(order), 8)]
 
 
 @pytest.mark.parametrize("multiple_of", [1, 8])
@@ -374,8 +466,13 @@ def test_sampler_misconfiguration_sizes():
     for bad in (0, -2):
         with pytest.raises(SpeedupConfigError, match=rf"`batch_size`={bad} is out of range. Allowed values: an int"):
             LengthGroupedSampler([1, 2], bad)
-    with pytest.raises(SpeedupConfigError, match=r"`group_batches`=0 is out of range"):
+    with pytest.raises(SpeedupConfigError, match=r"`group_batches`=0 is out of range.*HINT: or 'auto'"):
         LengthGroupedSampler([1, 2], 2, group_batches=0)
+    with pytest.raises(SpeedupConfigError, match=r"`group_batches`='big' is not an integer"):
+        LengthGroupedSampler([1, 2], 2, group_batches="big")
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(SpeedupConfigError, match=rf"`max_pad_fraction`={bad} is out of range"):
+            LengthGroupedSampler([1, 2], 2, max_pad_fraction=bad)
     with pytest.raises(SpeedupConfigError, match=r"`block_size`=0 is out of range. Allowed values: an integer >= 1"):
         PackedBatchSampler([1, 2], 0, 2)
     with pytest.raises(SpeedupConfigError, match=r"`rows`=0 is out of range. Allowed values: an integer >= 1"):

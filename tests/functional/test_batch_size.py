@@ -68,7 +68,7 @@ def test_ladder():
 
 def test_search_stops_at_plateau_and_prefers_smallest_within_tolerance():
     measure = fake({8: 100.0, 16: 200.0, 32: 400.0, 64: 410.0, 128: 405.0, 256: 500.0})
-    cfg = BatchSizeSearchConfig(init_val=8, max_val=256, early_plateau=False)
+    cfg = BatchSizeSearchConfig(init_val=8, max_val=256, early_plateau=False, patience=2)
     result = search_batch_size(measure, cfg, batch_size_ladder(8, 256))
     assert result.stop_reason == "plateau"
     assert measure.calls == [8, 16, 32, 64, 128]  # 64 and 128 gained < 5% twice: 256 never tried
@@ -76,19 +76,33 @@ def test_search_stops_at_plateau_and_prefers_smallest_within_tolerance():
     assert [t.batch_size for t in result.trials] == measure.calls
 
 
-def test_search_early_plateau_stops_on_a_small_gain_not_on_a_dip():
+def test_search_early_plateau_stops_on_an_explained_small_gain():
+    # a fixed plus per-sample step cost: the gains shrink (1.8, 1.61, 1.14), the model's next gain after 1.14 is
+    # 1.07 (within 2 x min_gain), and 64 -> 128 gains 3%: the ladder ends at once, 256 never tried
+    measure = fake({8: 100.0, 16: 180.0, 32: 290.0, 64: 330.0, 128: 340.0, 256: 345.0})
+    result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
+    assert measure.calls == [8, 16, 32, 64, 128] and result.stop_reason == "plateau (gain < min_gain)"
+    assert result.chosen == 64
+
+
+def test_search_climbs_past_an_unexplained_flat_stretch():
+    # a rise that stops dead (2x per doubling, then 2.5%): more than a fixed per-step cost explains, so the small
+    # gain is no stop; after two stalls 256 is faster again (the old rule kept 32, at 0.8x of 256)
     measure = fake({8: 100.0, 16: 200.0, 32: 400.0, 64: 410.0, 128: 405.0, 256: 500.0})
     result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
-    assert measure.calls == [8, 16, 32, 64] and result.stop_reason == "plateau (gain < min_gain)"
-    assert result.chosen == 32
-    # a dip (16 measured slower than 8) is not a plateau: the ladder goes on until a small gain from the best
+    assert measure.calls == [8, 16, 32, 64, 128, 256] and result.chosen == 256
+    # flat from the first size (no rise before it): the small CNN, flat from 16 to 64, faster from 128 on
+    measure = fake({16: 1000.0, 32: 1010.0, 64: 1020.0, 128: 1180.0, 256: 1300.0, 512: 1340.0, 1024: 1330.0})
+    result = search_batch_size(measure, BatchSizeSearchConfig(init_val=16, max_val=1024), batch_size_ladder(16, 1024))
+    assert measure.calls == [16, 32, 64, 128, 256, 512] and result.chosen == 256  # 512: an explained small gain
+    # a dip (16 measured slower than 8) is not a plateau either: the ladder goes on
     measure = fake({8: 100.0, 16: 90.0, 32: 400.0, 64: 800.0, 128: 820.0, 256: 900.0})
     result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
-    assert measure.calls == [8, 16, 32, 64, 128] and result.chosen == 64
-    # a small gain after a dip (not from the best size) needs `patience` stalls
-    measure = fake({8: 100.0, 16: 400.0, 32: 300.0, 64: 310.0, 128: 900.0, 256: 910.0})
+    assert measure.calls == [8, 16, 32, 64, 128, 256] and result.chosen == 256
+    # dips after the best size end the ladder after `patience` (3) doublings without progress
+    measure = fake({8: 100.0, 16: 400.0, 32: 300.0, 64: 310.0, 128: 305.0, 256: 910.0})
     result = search_batch_size(measure, BatchSizeSearchConfig(init_val=8, max_val=256), batch_size_ladder(8, 256))
-    assert measure.calls == [8, 16, 32, 64] and result.stop_reason == "plateau" and result.chosen == 16
+    assert measure.calls == [8, 16, 32, 64, 128] and result.stop_reason == "plateau" and result.chosen == 16
 
 
 def test_search_max_fit_and_sweep():
@@ -96,8 +110,9 @@ def test_search_max_fit_and_sweep():
     result = search_batch_size(fake(), cfg, batch_size_ladder(8, 128))
     assert result.chosen == 128 and result.stop_reason == "max_val"
     sweep = fake({8: 1.0, 16: 5.0, 32: 2.0, 64: 3.0, 128: 4.0})
-    result = search_batch_size(sweep, BatchSizeSearchConfig(mode="sweep", init_val=8, max_val=128),
-                               batch_size_ladder(8, 128))
+    result = search_batch_size(
+        sweep, BatchSizeSearchConfig(mode="sweep", init_val=8, max_val=128), batch_size_ladder(8, 128)
+    )
     assert sweep.calls == [8, 16, 32, 64, 128] and result.chosen == 16
 
 
@@ -120,13 +135,18 @@ def test_search_oom_steps_back_and_bisects():
 def test_search_memory_budget_predicts_and_refuses():
     measure = fake(mem_per_sample=100)  # peak = 1000 + 100 * b
     cfg = BatchSizeSearchConfig(mode="max_fit", init_val=8, max_val=1024)
-    result = search_batch_size(measure, cfg, batch_size_ladder(8, 1024), memory_budget_bytes=1000 + 100 * 40,
-                               memory_baseline=1000)
+    result = search_batch_size(
+        measure, cfg, batch_size_ladder(8, 1024), memory_budget_bytes=1000 + 100 * 40, memory_baseline=1000
+    )
     assert result.chosen == 32 and result.stop_reason == "memory budget (predicted)"
     assert 64 not in measure.calls  # predicted over budget, never run
     # a measured peak over the budget marks the trial and is never chosen
-    result = search_batch_size(fake(mem_per_sample=100), BatchSizeSearchConfig(mode="max_fit", init_val=64),
-                               [64, 128], memory_budget_bytes=5000)
+    result = search_batch_size(
+        fake(mem_per_sample=100),
+        BatchSizeSearchConfig(mode="max_fit", init_val=64),
+        [64, 128],
+        memory_budget_bytes=5000,
+    )
     assert result.trial(64).status == "over_budget"
     assert result.chosen == 32
     # every size runs, but over the budget: the caller learns it was only the budget (it may keep its own size)

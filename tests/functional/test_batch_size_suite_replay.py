@@ -59,25 +59,26 @@ TASKS = sorted({task for task, phase in CURVES if phase == "sweep"})
 # Curves where the search misses the target (95 quiet, 90 with heavy noise): the count it reaches instead (seeded, so
 # exact), so that a change that makes it worse still fails. The quiet miss is the GRU's 128 at 0.896x of the best,
 # which its 15% step noise cannot tell apart from 256 in the search's budget. The heavy-noise misses are on curves
-# measured beside a busy process (2026-12-03): flatter and more erratic than the quiet ones (shapes' has 32 slower
-# than 16 per sample), with sizes just under 0.9x (digits' 256 at 0.895x), and the simulated noise comes on top of
-# the noise those curves already hold. The real searches beside a busy process are in docs/evidence.md, section
-# 'Batch-size finder'. A count that rises past the target: drop its entry.
+# measured beside a busy process (2026-12-03): flatter and more erratic than the quiet ones (shapes' falls from 16
+# to 64 and is fastest at 128), with sizes just under 0.9x (digits' 256 at 0.895x), and the simulated noise comes on
+# top of the noise those curves already hold. Issue 49 (a small gain ends the ladder only where a fixed per-step cost
+# explains it, else after `patience`=3 doublings) raised shapes' counts from 54 and 37 and vit_shapes' from 85. The
+# real searches beside a busy process are in docs/evidence.md, section 'Batch-size finder'. A count that rises past
+# the target: drop its entry.
 FLOOR: dict[tuple[str, str], int] = {
-    ("digits", "uniform-30pct"): 72,
-    ("digits", "outlier-1-in-5"): 66,
+    ("digits", "uniform-30pct"): 73,
+    ("digits", "outlier-1-in-5"): 69,
     ("gpt_stdlib", "uniform-30pct"): 88,
-    ("gru_stdlib", "quiet"): 90,
-    ("gru_stdlib", "uniform-30pct"): 74,
-    ("gru_stdlib", "outlier-1-in-5"): 72,
+    ("gru_stdlib", "quiet"): 91,
+    ("gru_stdlib", "uniform-30pct"): 75,
+    ("gru_stdlib", "outlier-1-in-5"): 73,
     ("resnet18_cifar", "uniform-30pct"): 88,
     ("resnet18_cifar", "outlier-1-in-5"): 75,
     ("seqcls_stdlib", "uniform-30pct"): 79,
     ("seqcls_stdlib", "outlier-1-in-5"): 89,
-    ("shapes", "uniform-30pct"): 54,
-    ("shapes", "outlier-1-in-5"): 37,
-    ("signal_cnn1d", "uniform-30pct"): 87,
-    ("vit_shapes", "outlier-1-in-5"): 85,
+    ("shapes", "uniform-30pct"): 89,
+    ("shapes", "outlier-1-in-5"): 77,
+    ("signal_cnn1d", "uniform-30pct"): 88,
 }
 
 

@@ -5,28 +5,25 @@ from __future__ import annotations
 import dataclasses
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_speedups._compat import refresh_scheduler_last_lr
-from lightning_speedups.functional.batch_size import BatchSizeSearchResult, scale_lr_factor
+from lightning_speedups.functional.batch_size import BatchSizeSearchResult
+from lightning_speedups.optim.lr_scaling import lr_factor, resolve_rule, rule_words, scale_optimizer_lrs
 
 __all__ = ["apply_lr_choice", "log_search", "scale_live_lrs"]
 
-_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
-
 
 def scale_live_lrs(trainer: L.Trainer, factor: float) -> None:
-    """Multiply the learning rates of the live optimizers and schedulers' base lrs by ``factor``."""
+    """Multiply the learning rates of the live optimizers and their schedulers by ``factor``
+    (:func:`~lightning_speedups.optim.lr_scaling.scale_optimizer_lrs`)."""
+    schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
     for opt in trainer.optimizers:
-        for group in opt.param_groups:
-            for key in _LR_KEYS:
-                if isinstance(group.get(key), (int, float)) and not isinstance(group.get(key), bool):
-                    group[key] = group[key] * factor
-    for cfg_s in trainer.lr_scheduler_configs:
-        sch = cfg_s.scheduler
-        if hasattr(sch, "base_lrs"):
-            sch.base_lrs = [lr * factor for lr in sch.base_lrs]
-        refresh_scheduler_last_lr(sch)
+        scale_optimizer_lrs(opt, schedulers, factor)
+
+
+# one optimizer as the finder left it: the optimizer, the rule it was scaled by and the factor
+_Scaled = tuple[torch.optim.Optimizer, "str | None", float]
 
 
 def _mixin_lr_rule(pl_module: L.LightningModule) -> str | None:
@@ -34,39 +31,67 @@ def _mixin_lr_rule(pl_module: L.LightningModule) -> str | None:
     return getattr(cfg, "lr_scaling", None)
 
 
+def _scale_each(trainer: L.Trainer, choice: str | None, new: int, old: int) -> list[_Scaled]:
+    """Scale every live optimizer (and its schedulers) from batch ``old`` to ``new`` by its own rule (``choice``,
+    resolved per optimizer with ``"auto"``); each optimizer with its rule and factor."""
+    schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+    done = []
+    for opt in trainer.optimizers:
+        rule = resolve_rule(choice, opt)
+        factor = lr_factor(new, old, rule)
+        scale_optimizer_lrs(opt, schedulers, factor)
+        done.append((opt, rule, factor))
+    return done
+
+
+def _lr_note(choice: str | None, done: list[_Scaled], old: int, new: int) -> str:
+    """The summary line of what happened to the learning rates."""
+    if new == old:
+        return f"learning rate kept: the batch size stayed {new}"
+    if not done:
+        return "learning rate kept: no optimizer to scale"
+    parts = [(f"x{f:.3g} by the " if f != 1.0 else "") + rule_words(choice, opt, rule) for opt, rule, f in done]
+    return f"learning rate for batch {old} -> {new}: " + "; ".join(parts)
+
+
 def apply_lr_choice(
     trainer: L.Trainer,
     pl_module: L.LightningModule,
     result: BatchSizeSearchResult,
     fresh: bool,
-    scale_lr: str | None,
+    lr_scaling: str | None,
     current: int,
 ) -> None:
-    """Rescale the learning rates for the chosen batch size (``scale_lr``, else a SpeedupMixin's ``lr_scaling``).
+    """Rescale the learning rates for the chosen batch size by ``lr_scaling`` (``"auto"``: a SpeedupMixin's own
+    ``lr_scaling`` when it has one, else each optimizer's rule,
+    :func:`~lightning_speedups.optim.lr_scaling.auto_lr_rule`).
 
     ``fresh``: the search just ran (the factor is from the base size, and a mixin's ``optimizer_config.lr`` is scaled
-    too); otherwise a stored choice is re-applied: nothing on resume (the checkpoint holds scaled optimizers), else
-    from the ``current`` size.
+    too; ``result.lr_factor`` and ``result.lr_note`` say what was done); otherwise a stored choice is re-applied:
+    nothing on resume (the checkpoint holds the scaled optimizers and schedulers), else from the ``current`` size.
     """
-    rule = scale_lr or _mixin_lr_rule(pl_module)
+    mixin_rule = _mixin_lr_rule(pl_module)
+    choice = mixin_rule if lr_scaling == "auto" and mixin_rule is not None else lr_scaling
     cfg = getattr(pl_module, "optimizer_config", None)
     # a mixin with its own `lr_scaling` recomputes lr from the batch size whenever it rebuilds: leave its config
-    owns_cfg = cfg is not None and hasattr(cfg, "lr") and _mixin_lr_rule(pl_module) is None
+    owns_cfg = cfg is not None and hasattr(cfg, "lr") and mixin_rule is None
     if fresh:
-        result.lr_factor = scale_lr_factor(result.chosen, result.base_batch_size or result.chosen, rule)
-        live = result.lr_factor
+        base = result.base_batch_size or result.chosen
+        done = _scale_each(trainer, choice, result.chosen, base)
+        result.lr_factor = done[0][2] if done else 1.0
+        result.lr_note = _lr_note(choice, done, base, result.chosen)
+        if result.accumulate_grad_batches is not None:
+            result.lr_note = "learning rate kept: the global batch (batch size x accumulate_grad_batches) is kept"
         if owns_cfg and result.lr_factor != 1.0:
             result.config_lr = cfg.lr * result.lr_factor
-    elif trainer.ckpt_path is not None:
-        live = 1.0  # resumed: optimizer and scheduler come back scaled from the checkpoint
-    elif owns_cfg and result.config_lr is not None:
-        live = 1.0 if cfg.lr == result.config_lr else result.lr_factor
-    else:
-        live = scale_lr_factor(result.chosen, current, rule)
+    elif trainer.ckpt_path is None:  # a stored choice on a new fit; a resumed one's checkpoint holds the scaled lrs
+        if owns_cfg and result.config_lr is not None:
+            if cfg.lr != result.config_lr:  # the optimizers were built from the unscaled config
+                scale_live_lrs(trainer, result.lr_factor)
+        else:
+            _scale_each(trainer, choice, result.chosen, current)
     if owns_cfg and result.config_lr is not None:
         pl_module.optimizer_config = dataclasses.replace(cfg, lr=result.config_lr)
-    if live != 1.0:
-        scale_live_lrs(trainer, live)
 
 
 def log_search(trainer: L.Trainer, result: BatchSizeSearchResult, verbose: bool) -> None:
@@ -78,6 +103,7 @@ def log_search(trainer: L.Trainer, result: BatchSizeSearchResult, verbose: bool)
         "batch_size_finder/chosen": float(result.chosen),
         "batch_size_finder/samples_per_s": best.samples_per_s if best else 0.0,
         "batch_size_finder/search_time_s": result.search_time_s,
+        "batch_size_finder/lr_factor": result.lr_factor,
     }
     if result.unit == "tokens":
         metrics["batch_size_finder/tokens_per_s"] = best.rate if best else 0.0

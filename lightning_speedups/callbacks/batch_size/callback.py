@@ -10,7 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_deprecation, rank_zero_warn
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
@@ -37,7 +37,6 @@ from lightning_speedups.callbacks.batch_size.loaders import (
 )
 from lightning_speedups.callbacks.batch_size.trials import run_trial, search_on_trainer
 from lightning_speedups.functional.batch_size import (
-    LR_RULES,
     BatchSizeSearchConfig,
     BatchSizeSearchResult,
     BatchSizeTrial,
@@ -46,6 +45,7 @@ from lightning_speedups.functional.batch_size import (
     batch_size_ladder,
     search_batch_size,
 )
+from lightning_speedups.optim.lr_scaling import LR_SCALING
 
 __all__ = ["ThroughputBatchSizeFinder", "UNITS"]
 
@@ -62,10 +62,12 @@ class ThroughputBatchSizeFinder(Callback):
     timed ones until ``steps_per_trial`` steps, ``trial_samples`` samples or ``trial_time`` seconds. Afterwards
     weights, gradients, optimizer, scheduler, metric and RNG state and module modes are put back bitwise, so training
     starts exactly as it would have. Nothing is written to disk. Unlike Lightning's ``BatchSizeFinder`` it does not
-    climb until out-of-memory: doubling stops once samples/s stops improving by ``min_gain`` (``patience`` times in a
-    row). Timing noise (other processes, loaders) cannot stop it: a stop needs paired, interleaved re-measurements of
-    both sizes that clear the noise, and the fastest sizes are re-measured interleaved before the choice; the result
-    holds that evidence (``decisions``, ``final``, ``note``). On token sequences (a 2-D integer ``input_ids``; see
+    climb until out-of-memory: doubling stops once samples/s stops improving by ``min_gain``, at once where a fixed
+    per-step cost explains the flattening, else after ``patience`` doublings in a row (a flat stretch that rises
+    again is climbed past). Timing noise (other processes, loaders) cannot stop it: a stop needs paired, interleaved
+    re-measurements of both sizes that clear the noise, and the fastest sizes are re-measured interleaved before the
+    choice; the result holds that evidence (``decisions``, ``final``, ``note``). The learning rates follow the chosen
+    size (``lr_scaling``). On token sequences (a 2-D integer ``input_ids``; see
     :func:`~lightning_speedups._tokens.count_tokens`) it measures real, non-pad tokens/s instead of samples/s: with
     dynamic padding a larger batch pads to a longer sample, so samples/s would not count the work done. The result's
     ``unit`` and its table say which (``"tokens"``: "measured in real (non-pad) tokens/s").
@@ -74,8 +76,15 @@ class ThroughputBatchSizeFinder(Callback):
         config: how the search walks and when it stops
             (:class:`~lightning_speedups.functional.batch_size.BatchSizeSearchConfig`; ``None``: its defaults, or
             the search keywords below).
-        scale_lr: ``"linear"`` | ``"sqrt"`` | ``None``: rescale learning rates (optimizer groups, scheduler base
-            lrs, a SpeedupMixin's ``optimizer_config.lr``) from the old batch size to the chosen one.
+        lr_scaling: how the learning rates follow the chosen batch size (each param group's ``lr``, the schedulers'
+            base and peak lrs, a SpeedupMixin's ``optimizer_config.lr``), from the loader's size to the chosen one:
+            ``"auto"`` (default) the square-root rule for Adam-type optimizers (Adam, AdamW, NAdam, RAdam, Adagrad,
+            RMSprop, any with ``betas``, MuonWithAdamW) and the linear rule for SGD, per optimizer (a SpeedupMixin's
+            own ``optimizer_config.lr_scaling`` when it sets one; no scaling with ``keep_global_batch``, nor for an
+            optimizer no rule is known for, e.g. LBFGS); ``"sqrt"`` or ``"linear"`` for every optimizer; ``None``: the
+            learning rates stay. The summary (``result.lr_note``, the table) says what each optimizer got; a resumed
+            run takes the scaled values from its checkpoint and does not scale again.
+        scale_lr: deprecated name of ``lr_scaling`` (``"linear"`` | ``"sqrt"``); ``None``: not given.
         keep_global_batch: ``True`` keeps ``batch_size * accumulate_grad_batches`` as it was; an ``int`` sets that
             per-device target. Only sizes that divide it are tried, and ``accumulate_grad_batches`` makes up the rest.
         attr_name: the attribute holding the batch size, looked up on the model, the datamodule, then their hparams.
@@ -110,6 +119,7 @@ class ThroughputBatchSizeFinder(Callback):
         self,
         config: BatchSizeSearchConfig | None = None,
         *,
+        lr_scaling: str | None = "auto",
         scale_lr: str | None = None,
         keep_global_batch: bool | int = False,
         attr_name: str = "batch_size",
@@ -128,7 +138,7 @@ class ThroughputBatchSizeFinder(Callback):
         if not callable(clock):
             raise SpeedupConfigError(f"`clock`={clock!r} is invalid. Allowed values: a callable returning seconds.")
         self.clock = clock
-        self.scale_lr = check_choice("scale_lr", scale_lr, LR_RULES)
+        self.lr_scaling = _lr_scaling_argument(lr_scaling, scale_lr, keep_global_batch)
         self.unit, self.pad_value = check_choice("unit", unit, UNITS), check_int("pad_value", pad_value, optional=True)
         self._counter = TokenCounter(pad_value) if unit == "auto" else None
         if not isinstance(keep_global_batch, (bool, int)) or (
@@ -136,12 +146,6 @@ class ThroughputBatchSizeFinder(Callback):
         ):
             raise SpeedupConfigError(
                 f"`keep_global_batch`={keep_global_batch!r} is invalid. Allowed values: True, False or a positive int."
-            )
-        if keep_global_batch is not False and scale_lr is not None:
-            raise SpeedupConfigError(
-                f"`scale_lr`={scale_lr!r} cannot be combined with `keep_global_batch`={keep_global_batch!r}. "
-                "Allowed values: scale_lr=None when the global batch is kept. HINT: the effective batch does not "
-                "change, so the learning rate should not either."
             )
         if not isinstance(attr_name, str) or not attr_name.isidentifier():
             raise SpeedupConfigError(f"`attr_name`={attr_name!r} is invalid. Allowed values: an attribute name.")
@@ -211,8 +215,12 @@ class ThroughputBatchSizeFinder(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        refuse_sharded(trainer, "ThroughputBatchSizeFinder", "its trials snapshot and restore the model's weights, "
-                       "which a sharded strategy splits over the ranks; find the size on one device and pass it.")
+        refuse_sharded(
+            trainer,
+            "ThroughputBatchSizeFinder",
+            "its trials snapshot and restore the model's weights, "
+            "which a sharded strategy splits over the ranks; find the size on one device and pass it.",
+        )
         self._fit_loader = None
         if not fit_source_is_module(trainer):
             instance = fit_source_instance(trainer)
@@ -386,7 +394,30 @@ class ThroughputBatchSizeFinder(Callback):
         self._set_size(trainer, pl_module, result.chosen)
         if result.accumulate_grad_batches is not None:
             trainer.accumulate_grad_batches = result.accumulate_grad_batches
-        apply_lr_choice(trainer, pl_module, result, fresh, self.scale_lr, current)
+        apply_lr_choice(trainer, pl_module, result, fresh, self.lr_scaling, current)
+
+
+def _lr_scaling_argument(lr_scaling: Any, scale_lr: Any, keep_global_batch: Any) -> str | None:
+    """``lr_scaling`` checked (``scale_lr``, its deprecated name, in its place when given); ``None`` when the global
+    batch is kept and ``lr_scaling`` is ``"auto"``: the effective batch, and so the learning rate, do not change."""
+    check_choice("lr_scaling", lr_scaling, LR_SCALING)
+    if scale_lr is not None:
+        check_choice("scale_lr", scale_lr, ("linear", "sqrt", None))
+        if lr_scaling != "auto" and lr_scaling != scale_lr:
+            raise SpeedupConfigError(
+                f"`scale_lr`={scale_lr!r} and `lr_scaling`={lr_scaling!r} were both given. Allowed values: "
+                "`lr_scaling` alone. HINT: `scale_lr` is the deprecated name of `lr_scaling`."
+            )
+        rank_zero_deprecation("ThroughputBatchSizeFinder: `scale_lr` is deprecated, pass `lr_scaling` instead.")
+        lr_scaling = scale_lr
+    if keep_global_batch is not False and lr_scaling not in ("auto", None):
+        name = "scale_lr" if scale_lr is not None else "lr_scaling"
+        raise SpeedupConfigError(
+            f"`{name}`={lr_scaling!r} cannot be combined with `keep_global_batch`={keep_global_batch!r}. "
+            f"Allowed values: {name}=None or 'auto' when the global batch is kept. HINT: the effective batch does "
+            "not change, so the learning rate should not either."
+        )
+    return None if keep_global_batch is not False else lr_scaling
 
 
 def _check_config_arguments(config: Any, search: dict[str, Any]) -> None:

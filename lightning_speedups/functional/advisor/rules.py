@@ -356,8 +356,8 @@ def small_batch(m: Measurements, th: AdvisorThresholds) -> Finding | None:
             "memory_headroom": rounded(head),
             "compute_ms": to_ms(m.compute_s),
         },
-        fix="Measure first: `ThroughputBatchSizeFinder()` measures samples/s per batch size (with "
-        '`scale_lr="linear"` it scales the LR); keep a larger batch only where the run still reaches its accuracy '
+        fix="Measure first: `ThroughputBatchSizeFinder()` measures samples/s per batch size (and scales the LR with "
+        "it: sqrt for Adam-type, linear for SGD); keep a larger batch only where the run still reaches its accuracy "
         "sooner: it takes fewer optimizer steps per epoch, and a short or small-data run may need those steps.",
         expected="more samples/s per step overhead; whether the run reaches its accuracy sooner is not measured here",
     )

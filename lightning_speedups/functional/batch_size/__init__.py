@@ -15,6 +15,8 @@ The modules, from the bottom:
 - ``policy``: the verdicts under timing noise and the final, re-measured choice.
 - ``state``: peak memory per trial (:class:`MemoryMeter`) and the training-state snapshot put back afterwards.
 - ``search``: :func:`search_batch_size` (climb, step back, refine) and :func:`batch_size_ladder`.
+- ``noise_scale``: the gradient noise scale, the extra samples a larger batch needs to the same loss (autotune's bar
+  for a larger batch).
 """
 
 # LR_RULES, MODES and scale_lr_factor stay importable from here (the callbacks use them), outside `__all__`

@@ -22,7 +22,14 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CurveFit", "MAX_CHI2_PER_DOF", "epoch_factor", "fit_curve", "interpolate_per_sample"]
+__all__ = [
+    "CurveFit",
+    "MAX_CHI2_PER_DOF",
+    "epoch_factor",
+    "fit_curve",
+    "interpolate_per_sample",
+    "next_doubling_gain",
+]
 
 MAX_CHI2_PER_DOF = 3.0  # a chi-square with 2 degrees of freedom exceeds 2 x 3.0 with probability e^-3 (5%)
 
@@ -166,3 +173,24 @@ def epoch_factor(epoch_samples: int | None, b: int, per_sample: Callable[[int], 
     if not (math.isfinite(full) and math.isfinite(part)) or full <= 0:
         return 1.0
     return ((n - r) * full + r * part) / (n * full)
+
+
+def next_doubling_gain(gain: float) -> float:
+    """The samples/s ratio of the next doubling predicted from this doubling's ``gain`` by the fixed plus per-sample
+    step cost (``alpha / b + gamma`` per sample; ``delta = 0``, the most gain the model allows).
+
+    A doubling from ``b`` gains ``(u + 1) / (u / 2 + 1)`` with ``u = alpha / (b * gamma)``, and ``u`` halves with every
+    doubling, so each gain is a bit more than half the one before. A gain of 2 or more (samples/s doubled or better)
+    is more than a fixed per-step cost can explain: ``inf``. No gain (``gain <= 1``): 1.0.
+
+    Example::
+
+        >>> round(next_doubling_gain(1.09), 3), next_doubling_gain(0.95), next_doubling_gain(2.5)
+        (1.047, 1.0, inf)
+    """
+    if gain >= 2.0:
+        return math.inf
+    if gain <= 1.0:
+        return 1.0
+    u = 2.0 * (gain - 1.0) / (2.0 - gain)
+    return (u / 2.0 + 1.0) / (u / 4.0 + 1.0)

@@ -58,7 +58,9 @@ class BatchSizeSearchResult:
     ``final`` (the interleaved re-measurement of the fastest sizes: median samples/s, spread, ratios with intervals,
     rounds, whether they separated), ``remeasured`` (those extra trials), a ``note`` and ``trusted`` (``False``
     when too few rounds fitted, so the smaller size was kept with a warning). On token sequences (:attr:`unit` is
-    ``"tokens"``) the rates of ``final`` and of the table are real (non-pad) tokens/s.
+    ``"tokens"``) the rates of ``final`` and of the table are real (non-pad) tokens/s. What the learning rates got
+    for the chosen size: ``lr_factor`` (of the first optimizer) and ``lr_note`` (each optimizer's rule and factor),
+    filled by the callback that applies the choice.
     """
 
     chosen: int
@@ -69,6 +71,7 @@ class BatchSizeSearchResult:
     base_batch_size: int | None = None
     memory_budget_bytes: int | None = None
     lr_factor: float = 1.0
+    lr_note: str = ""
     config_lr: float | None = None
     accumulate_grad_batches: int | None = None
     epoch: int = 0
@@ -96,6 +99,8 @@ class BatchSizeSearchResult:
             mark = "*" if t.batch_size == self.chosen else " "
             lines.append(f"{t.batch_size:>6}{mark} {t.rate:>11.1f} {t.peak_memory / 2**20:>9.1f}  {t.status}")
         lines.append(f"chosen {self.chosen} ({self.mode}); stopped: {self.stop_reason}; {self.search_time_s:.2f} s")
+        if self.lr_note:
+            lines.append(self.lr_note)
         if self.unit == "tokens":
             lines.append("measured in real (non-pad) tokens/s: the batches hold token sequences")
         if self.final:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lightning_speedups.functional.batch_size.config import BatchSizeSearchConfig
+from lightning_speedups.functional.batch_size.curve import next_doubling_gain
 from lightning_speedups.functional.batch_size.policy import Search
 from lightning_speedups.functional.batch_size.records import BatchSizeSearchResult, BatchSizeTrial
 
@@ -81,6 +82,7 @@ class _Walk:
     failed_at: int | None = None  # the last size that ran out of memory or over the budget
     best: int | None = None  # the climb's fastest size so far
     stalls: int = 0  # doublings in a row without progress
+    rise: float | None = None  # per doubling, the samples/s gain of the verdict that made `best` (None: none yet)
     previous: int | None = None  # the size the climb measured before the current one
     search: Search = field(init=False)
 
@@ -199,7 +201,11 @@ def _stop_before(walk: _Walk, b: int) -> bool:
 
 
 def _plateau(walk: _Walk, b: int, rest: Sequence[int]) -> bool:
-    """The throughput rule after ``b`` fitted: whether samples/s stopped rising (``rest``: the sizes still ahead)."""
+    """The throughput rule after ``b`` fitted: whether samples/s stopped rising (``rest``: the sizes still ahead).
+
+    A small gain from the best size ends the ladder at once only where the step-cost model explains it
+    (:func:`_explained`); any other flat stretch or dip ends it after ``patience`` doublings without progress.
+    """
     if walk.best is None:
         walk.best = walk.previous = b
         return False
@@ -207,12 +213,14 @@ def _plateau(walk: _Walk, b: int, rest: Sequence[int]) -> bool:
     verdict = search.judge(best, b, rest)
     from_best = walk.previous == best
     if verdict == "gain":
+        ratio = search.rate(b) / max(search.rate(best), 1e-12)
+        walk.rise = ratio ** (1.0 / max(math.log2(b / best), 1e-12))
         walk.best, walk.stalls = b, 0
     elif search.rate(b) > search.rate(best):
         walk.best = b
     if verdict in ("small", "dip"):  # "unclear" (within noise) is never a stall
         walk.stalls += 1
-        if verdict == "small" and walk.config.early_plateau and from_best:
+        if verdict == "small" and walk.config.early_plateau and from_best and _explained(walk):
             walk.stop = "plateau (gain < min_gain)"
             return True
         if walk.stalls >= walk.config.patience:
@@ -220,6 +228,18 @@ def _plateau(walk: _Walk, b: int, rest: Sequence[int]) -> bool:
             return True
     walk.previous = b
     return False
+
+
+def _explained(walk: _Walk) -> bool:
+    """Whether the fixed plus per-sample step cost explains a small gain from the best size: the doubling that
+    reached the best size gained little enough that the model's next gain (:func:`~.curve.next_doubling_gain`) stays
+    within twice ``min_gain``. Then every further doubling gains less again, and the ladder may end at once.
+
+    Not explained: a flat stretch with no gain before it (flat from the first size), or after a gain the model would
+    have continued (a rise that stops dead): larger sizes may still be faster there (a CPU that reaches faster
+    kernels at larger batches), so the ladder goes on for ``patience`` doublings.
+    """
+    return walk.rise is not None and next_doubling_gain(walk.rise) <= 1.0 + 2.0 * walk.config.min_gain
 
 
 def _step_back(walk: _Walk, first: int) -> None:
