@@ -52,6 +52,7 @@ TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "compile": ("techniques/compile", ("compile",)),
     "optim": ("techniques/optim", ("optim",)),
     "schedule_free": ("techniques/optim", ()),
+    "muon": ("techniques/optim", ()),
     "finetune": ("techniques/finetune", ("finetune",)),
     "lr_finder": ("techniques/lr_finder", ()),
     "pruning": ("techniques/pruning", ("pruning",)),

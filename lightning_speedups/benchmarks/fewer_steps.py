@@ -18,6 +18,12 @@ A row holds the time and steps to the target (``None``: not reached in the plann
 quality, and the whole run's training seconds. Methods run in a rotating order per seed, so a drift of the machine's
 speed falls on all of them alike. The JSON is rewritten atomically after each row; a re-run skips the rows it holds.
 
+Wall time on a shared 2-core machine drifts with its load, while the steps a run needs do not. So per task the
+bench also times one training step of each method interleaved in one process (:func:`step_times`: the task's own
+``training_step`` on one of its batches, the same weights, each method's optimizer; medians of rounds A B C A B C),
+and the summary's time to the target is ``steps to target x that method's median step time``: the steps from the
+runs, the price of a step from one quiet comparison. The runs' own wall times stay in the rows.
+
 ``--no-bf16`` runs Muon's Newton-Schulz iterations in fp32 (what a CPU without bf16 units gets from
 ``ns_dtype="auto"``); otherwise ``"auto"`` chooses on this machine. The other methods run in fp32 either way.
 
@@ -49,8 +55,9 @@ from lightning_speedups.benchmarks.workloads import get_workload, list_workloads
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.muon import Muon
 from lightning_speedups.callbacks.schedule_free import ScheduleFreeSwitch
-from lightning_speedups.measure import machine_info
-from lightning_speedups.optim.muon import assign_muon
+from lightning_speedups.measure import interleaved_timings, machine_info, make_train_step, median, model_copy
+from lightning_speedups.measure.models import training_step_loss
+from lightning_speedups.optim.muon import assign_muon, muon_from_optimizer
 from lightning_speedups.optim.schedule_free import create_schedule_free_adamw
 
 __all__ = ["METHODS", "format_summary", "main", "run", "summarize"]
@@ -118,6 +125,37 @@ def _callbacks(method: str, no_bf16: bool) -> list[Callback]:
     if method == "wsd":
         return [FastSchedule(warmup=0.05, peak_factor=1.0, decay="wsd", decay_fraction=0.2)]
     return []
+
+
+def _step_optimizer(method: str, model: nn.Module, no_bf16: bool) -> torch.optim.Optimizer:
+    """The optimizer a step of ``method`` runs on ``model`` (the suite's tasks all train AdamW or Adam)."""
+    own = torch.optim.AdamW(model.parameters(), lr=float(getattr(model, "lr", 1e-3)))
+    ns = {"ns_dtype": "float32"} if no_bf16 else {}
+    if method == "muon":
+        return muon_from_optimizer(own, model, **ns)
+    if method == "muon_conv":
+        return muon_from_optimizer(own, model, conv="muon", **ns)
+    if method == "schedule_free_adamw":
+        return create_schedule_free_adamw(model.parameters(), lr=own.defaults["lr"])
+    return own  # "own" and "wsd" (a schedule costs nothing per step)
+
+
+def step_times(task: str, methods: Sequence[str], no_bf16: bool, rounds: int = 15) -> dict[str, float]:
+    """Median seconds of one training step per method, timed interleaved on one batch of ``task`` (seed 0)."""
+    w = get_workload(task)
+    model, data = w.build(0)
+    data.prepare_data()
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    steps = {}
+    for method in methods:
+        if _applies(method, model) is not None:
+            continue
+        copy = model_copy(model, train=True)
+        optimizer = _step_optimizer(method, copy, no_bf16)
+        steps[method] = make_train_step(copy, batch, optimizer=optimizer, loss=training_step_loss, return_loss=False)
+    times = interleaved_timings(steps, repeats=rounds, warmup=2)
+    return {method: median(values) for method, values in times.items()}
 
 
 def grid_best_factors(path: Path = LR_GRID_JSON) -> dict[str, float]:
@@ -210,6 +248,16 @@ def run(
     best = grid_best_factors()
     machine = machine_info()
     for task in tasks:
+        timed = any(
+            r["task"] == task and r["method"].startswith("step_time:") and r["no_bf16"] == no_bf16 for r in rows
+        )
+        if not quick and not timed:
+            for method, seconds in step_times(task, methods, no_bf16).items():
+                row = {**dict.fromkeys(ROW_KEYS), "task": task, "method": f"step_time:{method}", "no_bf16": no_bf16}
+                row.update(step_s=seconds, machine=machine)
+                rows.append(row)
+            if path is not None:
+                _write(path, rows)
         factors = sorted({1.0, float(best.get(task, 1.0))})
         for seed in seeds:
             order = list(methods[seed % len(methods) :]) + list(methods[: seed % len(methods)])
@@ -259,27 +307,37 @@ def _median(values: list[float]) -> float | None:
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per task, path (bf16 or not) and method: the factor with the shortest median time to the target, its median
-    time, steps and final quality, and ``ratio``: the task's own optimizer's best median time over this one's (> 1:
-    sooner). A run that never reached the target counts as the whole run's time (``reached`` says how many did)."""
+    steps, time and final quality, and ``ratio``: the task's own optimizer's best median time over this one's (> 1:
+    sooner). The time is steps x the method's interleaved step time where the task's step times were measured
+    (``"timed"``), else the runs' wall time (``"wall"``). A run that never reached the target counts its whole run
+    (``reached`` says how many did)."""
     out = []
-    keys = sorted({(r["task"], r["no_bf16"]) for r in rows if r.get("steps") is not None})
-    for task, no_bf16 in keys:
-        task_rows = [r for r in rows if r["task"] == task and r["no_bf16"] == no_bf16 and r.get("steps") is not None]
+    step_s = {
+        (r["task"], r["no_bf16"], r["method"].split(":", 1)[1]): r["step_s"]
+        for r in rows
+        if r["method"].startswith("step_time:")
+    }
+    runs_only = [r for r in rows if r.get("steps") is not None]
+    for task, no_bf16 in sorted({(r["task"], r["no_bf16"]) for r in runs_only}):
+        task_rows = [r for r in runs_only if r["task"] == task and r["no_bf16"] == no_bf16]
         per: dict[str, dict[str, Any]] = {}
         for method in METHODS:
+            price = step_s.get((task, no_bf16, "own" if method == "wsd" else method))
             cells = []
             for factor in sorted({r["lr_factor"] for r in task_rows if r["method"] == method}):
                 runs = [r for r in task_rows if r["method"] == method and r["lr_factor"] == factor]
-                times = [r["time_to_target_s"] if r["time_to_target_s"] is not None else r["train_s"] for r in runs]
                 steps = [r["steps_to_target"] if r["steps_to_target"] is not None else r["steps"] for r in runs]
+                wall = [r["time_to_target_s"] if r["time_to_target_s"] is not None else r["train_s"] for r in runs]
                 cells.append(
                     {
                         "task": task,
                         "no_bf16": no_bf16,
                         "method": method,
                         "lr_factor": factor,
-                        "time_s": _median(times),
                         "steps": _median(steps),
+                        "time_s": _median(steps) * price if price else _median(wall),
+                        "clock": "timed" if price else "wall",
+                        "wall_s": _median(wall),
                         "final": _median([r["final"] for r in runs]),
                         "reached": sum(r["time_to_target_s"] is not None for r in runs),
                         "runs": len(runs),

@@ -200,6 +200,8 @@ EXPECTED: dict[tuple[str, str], str | Refused] = {
     # Lightning's demo Transformer embeds its (inputs, target) targets as decoder inputs: padded targets (-100, as
     # per-token labels are padded) cannot be embedded, which the callback's trial step finds at setup
     ("lightning_transformer", "sequence_batching"): Refused(r"(?i)training_step` failed on a"),
+    # BoringModel's one layer is its output head: Muon finds no hidden matrix (and the module has no conv)
+    ("boring", "muon"): Refused(r"(?i)no hidden matrix"),
 }
 
 
@@ -327,6 +329,11 @@ EFFECTS: dict[str, Effect] = {
         None
         if all(ls.optim.is_schedule_free(o) and not ls.optim.in_train_mode(o) for o in model.trainer.optimizers)
         else "the fit did not end on a schedule-free optimizer's eval weights"
+    ),
+    "muon": lambda model, cbs, dense: (
+        None
+        if all(isinstance(o, ls.optim.MuonWithAdamW) for o in model.trainer.optimizers)
+        else "the fit did not train with the Muon hybrid"
     ),
     "finetune_gradual": _effect_lr_decay,
     "label_smoothing": _effect_smoothing,
