@@ -109,6 +109,12 @@ def _autotune_reach_rows(payload: list[dict[str, Any]]) -> str:
     return format_summary(payload)
 
 
+def _fewer_steps_rows(payload: list[dict[str, Any]]) -> str:
+    from lightning_speedups.benchmarks.fewer_steps import format_markdown, summarize
+
+    return format_markdown(summarize(payload))
+
+
 def _lr_grid_rows(payload: list[dict[str, Any]]) -> str:
     from lightning_speedups.benchmarks.lr_grid import format_summary, summarize
 
@@ -150,6 +156,8 @@ ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
                               _batch_size_suite_rows),
     "autotune_reach.json": ("autotune", "What the default trial budget reaches, per workload", _autotune_reach_rows),
+    "fewer_steps.json": ("optim", "Fewer steps to the target: Muon, schedule-free AdamW and WSD against each task's "
+                         "own optimizer", _fewer_steps_rows),
     "lr_grid.json": ("lr_finder", "The LR finder against a coarse grid of learning rates, per workload",
                      _lr_grid_rows),
 }  # fmt: skip

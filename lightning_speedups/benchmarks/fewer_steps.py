@@ -239,8 +239,13 @@ def run(
     no_bf16: bool = False,
     path: Path | None = None,
     quick: bool = False,
+    runs: bool = True,
+    timings: bool = True,
 ) -> list[dict[str, Any]]:
-    """Train every task x seed x factor x method (rotating the methods' order per seed) and return the rows."""
+    """Train every task x seed x factor x method (rotating the methods' order per seed) and return the rows.
+
+    ``runs=False`` only times the steps; ``timings=False`` only trains (the runs' steps do not depend on the
+    machine's load, so they may train beside other jobs; the step times should not)."""
     for m in methods:
         check_choice("methods", m, METHODS)
     rows: list[dict[str, Any]] = json.loads(path.read_text()) if path is not None and path.exists() else []
@@ -251,7 +256,7 @@ def run(
         timed = any(
             r["task"] == task and r["method"].startswith("step_time:") and r["no_bf16"] == no_bf16 for r in rows
         )
-        if not quick and not timed:
+        if timings and not quick and not timed:
             for method, seconds in step_times(task, methods, no_bf16).items():
                 row = {**dict.fromkeys(ROW_KEYS), "task": task, "method": f"step_time:{method}", "no_bf16": no_bf16}
                 row.update(step_s=seconds, machine=machine)
@@ -259,7 +264,7 @@ def run(
             if path is not None:
                 _write(path, rows)
         factors = sorted({1.0, float(best.get(task, 1.0))})
-        for seed in seeds:
+        for seed in seeds if runs else ():
             order = list(methods[seed % len(methods) :]) + list(methods[: seed % len(methods)])
             for factor in factors:
                 for method in order:
@@ -370,6 +375,28 @@ def format_summary(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(cells: list[dict[str, Any]]) -> str:
+    """The summary as a markdown table (the evidence page), with how each time was taken."""
+    lines = [
+        "| task | path | method | lr x | reached | steps to target | time to target | final | vs own |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        lines.append(
+            f"| {c['task']} | {'no-bf16' if c['no_bf16'] else 'auto'} | {c['method']} | {c['lr_factor']:g} | "
+            f"{c['reached']}/{c['runs']} | {c['steps']:.0f} | {c['time_s']:.1f} s ({c['clock']}) | "
+            f"{c['final']:.4g} | {ratio} |"
+        )
+    lines.append(
+        "\nTimes: median steps to the target x the method's median step time, both steps timed interleaved on one "
+        "batch (timed), or the runs' wall time where no step was timed (wall); a run that never reached the target "
+        "counts its whole run. Best factor per method (x1: the task's lr; the other: the LR grid's best for the "
+        "task's own optimizer). vs own: the task's own optimizer's time at its best factor over this one's."
+    )
+    return "\n".join(lines)
+
+
 def transformer_median(cells: list[dict[str, Any]], method: str = "muon", no_bf16: bool = False) -> float | None:
     """The median ratio of ``method`` over the transformer tasks of the suite (kinds ``*transformer*``)."""
     ratios = [
@@ -392,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-bf16", action="store_true", help="Muon's Newton-Schulz in fp32")
     parser.add_argument("--quick", action="store_true", help="smoke test: small builds, 2 steps")
     parser.add_argument("--summary-only", action="store_true", help="print the summary of --json, train nothing")
+    parser.add_argument("--runs-only", action="store_true", help="train the runs, time no step")
+    parser.add_argument("--step-times-only", action="store_true", help="time the steps, train no run")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     tasks = comma_list(args.tasks) or list_workloads()
     methods = comma_list(args.methods) or list(METHODS)
@@ -402,7 +432,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = json.loads(args.json.read_text())
     else:
         torch.set_float32_matmul_precision("highest")
-        rows = run(tasks, methods, seeds, args.no_bf16, args.json, args.quick)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        rows = run(
+            tasks,
+            methods,
+            seeds,
+            args.no_bf16,
+            args.json,
+            args.quick,
+            runs=not args.step_times_only,
+            timings=not args.runs_only,
+        )
     cells = summarize(rows)
     print(format_summary(cells))
     for no_bf16 in sorted({c["no_bf16"] for c in cells}):
