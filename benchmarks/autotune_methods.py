@@ -51,8 +51,9 @@ VARIANTS: dict[str, tuple[list[str], float | None]] = {
 }
 
 
-def intervals_to_target(task: str, variant: str, seed: int, interval: float, data_path: str = "device",
-                        batch_size: int = 32) -> int | None:
+def intervals_to_target(
+    task: str, variant: str, seed: int, interval: float, data_path: str = "device", batch_size: int = 32
+) -> int | None:
     """Validation intervals the variant needed from ``seed`` to reach the task's target (None: never).
 
     The step-time settings are fixed, not measured, so the counts do not depend on timing: fp32, channels_last, and
@@ -69,8 +70,15 @@ def intervals_to_target(task: str, variant: str, seed: int, interval: float, dat
     kwargs: dict[str, Any] = dict(accelerator="cpu", devices=1, precision="32-true", max_epochs=PLANNED_EPOCHS)
     if variant == "recipe":
         model = DemoClassifier(width=32)
-        recipe = fast_train(model=model, max_epochs=5, lr=scale_lr(3e-3, batch_size, 32, "sqrt"), precision="32-true",
-                            channels_last=True, cache=False, **bench._QUIET)  # fmt: skip
+        recipe = fast_train(
+            model=model,
+            max_epochs=5,
+            lr=scale_lr(3e-3, batch_size, 32, "sqrt"),
+            precision="32-true",
+            channels_last=True,
+            cache=False,
+            **bench._QUIET,
+        )
         recipe.apply(model)
         callbacks, kwargs = recipe
         kwargs = {k: v for k, v in kwargs.items() if k not in bench._QUIET}
@@ -78,8 +86,10 @@ def intervals_to_target(task: str, variant: str, seed: int, interval: float, dat
         lr = scale_lr(1e-3, batch_size, 32, "sqrt")
         model = DemoClassifier(width=32, optimizer_config=OptimizerConfig("adam", lr=lr))
         methods, warmup = VARIANTS[variant]
-        settings = {"ema": EMA_DECAY if "ema" in methods else None,
-                    "schedule": SCHEDULE_PEAK if "schedule" in methods else None}  # fmt: skip
+        settings = {
+            "ema": EMA_DECAY if "ema" in methods else None,
+            "schedule": SCHEDULE_PEAK if "schedule" in methods else None,
+        }
         data.setup("fit")
         epoch_steps = len(data.train_dataloader())
         if warmup is None:
@@ -96,11 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("task", choices=list(bench.TASKS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--only", default="ema,ema+schedule,ema+schedule_5pct,recipe",
-                        help=f"comma-separated variants from {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--only",
+        default="ema,ema+schedule,ema+schedule_5pct,recipe",
+        help=f"comma-separated variants from {', '.join(VARIANTS)}",
+    )
     parser.add_argument("--interval", type=float, default=0.25, help="validate every this fraction of an epoch")
-    parser.add_argument("--data", choices=["device", "loader"], default="device",
-                        help="the data path: on the device (batch augmentation) or the task's DataLoader")
+    parser.add_argument(
+        "--data",
+        choices=["device", "loader"],
+        default="device",
+        help="the data path: on the device (batch augmentation) or the task's DataLoader",
+    )
     parser.add_argument("--batch", type=int, default=32, help="batch size (lr scaled from 32 by the sqrt rule)")
     args = parser.parse_args(argv)
     names = args.only.split(",")
@@ -117,8 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     for seed in seeds:  # seeds outer, variants inner: every variant sees the same seeds
         for name in names:
             counts[name].append(intervals_to_target(args.task, name, seed, args.interval, args.data, args.batch))
-    print(f"{args.task} ({args.data} data, batch {args.batch}): validations (every {args.interval:g} epoch) to val_acc "
-          f"{bench.TASKS[args.task][1]:.2f}, seeds {seeds[0]}-{seeds[-1]}")  # fmt: skip
+    print(
+        f"{args.task} ({args.data} data, batch {args.batch}): validations (every {args.interval:g} epoch) to val_acc "
+        f"{bench.TASKS[args.task][1]:.2f}, seeds {seeds[0]}-{seeds[-1]}"
+    )
     for name, got in counts.items():
         reached = [c for c in got if c is not None]
         med = f"{statistics.median(reached) * args.interval:.2f} epochs" if len(reached) == len(got) else "missed"

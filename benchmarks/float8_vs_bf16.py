@@ -68,11 +68,13 @@ def run(
             convert_to_float8_training(f8, config=Float8LinearConfig.from_recipe_name(recipe))
             converted = sum(type(m).__name__ == "Float8Linear" for m in f8.modules())
         if compile_ and not dry_run:
-            base, f8 = torch.compile(base), torch.compile(f8)
+            base = torch.compile(base)
+            f8 = torch.compile(f8)
         x = torch.randn(tokens, d, device=device, dtype=dtype)
         steps = {"bf16": _step_fn(base, x, dtype), "float8": _step_fn(f8, x, dtype)}
         times = interleaved_timings(steps, repeats, warmup=2 if dry_run else 5, sync=cuda)
-        b, f = median(times["bf16"]), median(times["float8"])
+        b = median(times["bf16"])
+        f = median(times["float8"])
         rows.append(
             {"size": d, "tokens": tokens, "bf16_s": b, "float8_s": f, "ratio": b / f, "float8_layers": converted}
         )

@@ -68,8 +68,9 @@ def _tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def _train_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None, steps: int,
-                 tf32: bool = True) -> Callable[[], None]:
+def _train_steps(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None, steps: int, tf32: bool = True
+) -> Callable[[], None]:
     """``steps`` optimizer steps (forward, backward, fused AdamW) of ``model`` on one fixed batch. Not
     :func:`~lightning_speedups.measure.make_train_step`: that returns the loss as a float, a host sync per step that
     would hide how much of a CUDA step is kernel-launch time (what compile removes)."""
@@ -90,8 +91,14 @@ def _train_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torc
 
 
 def _row(name: str, base_s: float, cand_s: float, note: str, **extra: Any) -> Row:
-    return {"row": name, "baseline_s": base_s, "candidate_s": cand_s, "ratio": base_s / max(cand_s, 1e-12),
-            "note": note, **extra}
+    return {
+        "row": name,
+        "baseline_s": base_s,
+        "candidate_s": cand_s,
+        "ratio": base_s / max(cand_s, 1e-12),
+        "note": note,
+        **extra,
+    }
 
 
 def step_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
@@ -106,13 +113,21 @@ def step_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
     bf16 = None if dry else torch.bfloat16
     cl_net = model_copy(net).to(memory_format=torch.channels_last)
     x_cl = x.contiguous(memory_format=torch.channels_last)
-    fns = {"fp32": _train_steps(model_copy(net), x, y, None, steps, tf32=False),
-           "bf16": _train_steps(model_copy(net), x, y, bf16, steps),
-           "bf16_cl": _train_steps(cl_net, x_cl, y, bf16, steps)}
+    fns = {
+        "fp32": _train_steps(model_copy(net), x, y, None, steps, tf32=False),
+        "bf16": _train_steps(model_copy(net), x, y, bf16, steps),
+        "bf16_cl": _train_steps(cl_net, x_cl, y, bf16, steps),
+    }
     times = {k: median(v) / steps for k, v in interleaved_timings(fns, repeats, warmup=2).items()}
-    rows = [_row("bf16", times["fp32"], times["bf16"], f"resnet18 train step, batch {batch}, {size}x{size}, "
-                 "fp32 with TF32 off vs bf16-mixed autocast"),
-            _row("channels_last", times["bf16"], times["bf16_cl"], "on top of bf16, same model and batch")]
+    rows = [
+        _row(
+            "bf16",
+            times["fp32"],
+            times["bf16"],
+            f"resnet18 train step, batch {batch}, {size}x{size}, fp32 with TF32 off vs bf16-mixed autocast",
+        ),
+        _row("channels_last", times["bf16"], times["bf16_cl"], "on top of bf16, same model and batch"),
+    ]
     if dry:
         rows.append({"row": "compile", "note": "not run in the dry run (compiling takes tens of seconds on a CPU)"})
         return rows
@@ -122,13 +137,22 @@ def step_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
     first()  # the compile happens here
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0
-    fns = {"eager": _train_steps(cl_net, x_cl, y, bf16, steps),
-           "compiled": _train_steps(compiled, x_cl, y, bf16, steps)}
+    fns = {
+        "eager": _train_steps(cl_net, x_cl, y, bf16, steps),
+        "compiled": _train_steps(compiled, x_cl, y, bf16, steps),
+    }
     t = {k: median(v) / steps for k, v in interleaved_timings(fns, repeats, warmup=2).items()}
     saved = t["eager"] - t["compiled"]
     payback = f"pays back after {compile_s / saved:.0f} steps" if saved > 0 else "never pays back"
-    rows.append(_row("compile", t["eager"], t["compiled"], f"on top of bf16 + channels_last; compiling took "
-                     f"{compile_s:.1f} s, {payback}", compile_s=compile_s))
+    rows.append(
+        _row(
+            "compile",
+            t["eager"],
+            t["compiled"],
+            f"on top of bf16 + channels_last; compiling took {compile_s:.1f} s, {payback}",
+            compile_s=compile_s,
+        )
+    )
     return rows
 
 
@@ -142,9 +166,17 @@ def float8_rows(device: torch.device, dry: bool) -> list[Row]:
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     sizes, tokens, repeats = ([32], 16, 2) if dry else ([4096, 8192], 16384, 10)
     out = module.run(sizes, tokens, 2, "tensorwise", not dry, repeats, dry)
-    return [_row("float8", r["bf16_s"], r["float8_s"], f"MLP block width {r['size']}, {r['tokens']} tokens, "
-                 f"{r['float8_layers']} Float8Linear layers, compiled" + (" (dry run: fp32 vs fp32)" if dry else ""),
-                 width=r["size"]) for r in out]
+    return [
+        _row(
+            "float8",
+            r["bf16_s"],
+            r["float8_s"],
+            f"MLP block width {r['size']}, {r['tokens']} tokens, "
+            f"{r['float8_layers']} Float8Linear layers, compiled" + (" (dry run: fp32 vs fp32)" if dry else ""),
+            width=r["size"],
+        )
+        for r in out
+    ]
 
 
 def data_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
@@ -174,7 +206,8 @@ def data_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
             except StopIteration:
                 state["it"] = iter(loader)
                 xb, yb = next(state["it"])
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            xb = xb.to(device, non_blocking=True)
+            yb = yb.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=bf16 or torch.float32, enabled=bf16 is not None):
                 loss = nn.functional.cross_entropy(model(xb.contiguous(memory_format=torch.channels_last)), yb)
             loss.backward()
@@ -186,9 +219,16 @@ def data_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
     device_loader = twin.train_dataloader().to(device)  # built without a trainer: moved to the device here
     fns = {"loader": loop(dm.train_dataloader()), "device": loop(device_loader)}
     t = {k: median(v) for k, v in interleaved_timings(fns, repeats * 3, warmup=3).items()}
-    return [_row("device data", t["loader"], t["device"], f"shapes, batch {batch}: one batch fetched + one bf16 "
-                 f"channels_last resnet18 step; DataLoader with per-sample transforms ({dm.num_workers} workers) vs "
-                 "batches sliced and augmented on the device")]
+    return [
+        _row(
+            "device data",
+            t["loader"],
+            t["device"],
+            f"shapes, batch {batch}: one batch fetched + one bf16 "
+            f"channels_last resnet18 step; DataLoader with per-sample transforms ({dm.num_workers} workers) vs "
+            "batches sliced and augmented on the device",
+        )
+    ]
 
 
 def recipe_rows(device: torch.device, dry: bool) -> list[Row]:
@@ -203,28 +243,70 @@ def recipe_rows(device: torch.device, dry: bool) -> list[Row]:
     reached: dict[str, list[float]] = {"baseline": [], "fast_train_cached": [], "autotune_cached": []}
     for seed in range(runs):
         for kind in reached:
-            rec = bench.time_to_accuracy(kind, target, max_epochs, width, seed, recipe_epochs=recipe_epochs,
-                                         task="shapes", cache_dir=cache_dir, accelerator=accelerator)
+            rec = bench.time_to_accuracy(
+                kind,
+                target,
+                max_epochs,
+                width,
+                seed,
+                recipe_epochs=recipe_epochs,
+                task="shapes",
+                cache_dir=cache_dir,
+                accelerator=accelerator,
+            )
             reached[kind].append(rec.reached_at if rec.reached_at is not None else float("nan"))
     base = statistics.median(reached["baseline"])
-    return [_row(name, base, statistics.median(reached[kind]), f"time to val_acc {target:.2f} on shapes (training "
-                 f"time, validation every half epoch not counted); medians of {runs} alternating runs",
-                 reached_at=reached[kind])
-            for name, kind in (("recipe", "fast_train_cached"), ("autotune", "autotune_cached"))]
+    return [
+        _row(
+            name,
+            base,
+            statistics.median(reached[kind]),
+            f"time to val_acc {target:.2f} on shapes (training "
+            f"time, validation every half epoch not counted); medians of {runs} alternating runs",
+            reached_at=reached[kind],
+        )
+        for name, kind in (("recipe", "fast_train_cached"), ("autotune", "autotune_cached"))
+    ]
 
 
 def sequence_rows(device: torch.device, dry: bool, repeats: int) -> list[Row]:
     """The sequence-batching bench at GPU sizes: each strategy's tokens/s and time to accuracy vs pad-to-max."""
     from lightning_speedups.benchmarks import sequences
 
-    size = sequences.SIZES["tiny"] if dry else sequences.BenchSize(
-        per_class=1000, val_per_class=100, batch_size=64, epochs=2, evals_per_epoch=4, d=256, heads=4, lr=1e-3,
-        window_steps=4, repeats=repeats, lm_docs=4000, lm_batch=32, lm_d=256, lm_window_steps=4, lm_repeats=repeats)
+    size = (
+        sequences.SIZES["tiny"]
+        if dry
+        else sequences.BenchSize(
+            per_class=1000,
+            val_per_class=100,
+            batch_size=64,
+            epochs=2,
+            evals_per_epoch=4,
+            d=256,
+            heads=4,
+            lr=1e-3,
+            window_steps=4,
+            repeats=repeats,
+            lm_docs=4000,
+            lm_batch=32,
+            lm_d=256,
+            lm_window_steps=4,
+            lm_repeats=repeats,
+        )
+    )
     out = sequences.run(size=size, device=device, dtype=None if dry else torch.bfloat16)
     rows = []
     for r in out:
-        rows.append({"row": f"sequence: {r.variant}", "baseline": r.baseline, "candidate": r.candidate,
-                     "ratio": r.ratio, "unit": r.unit, "note": f"{r.metric}; {r.note}"})
+        rows.append(
+            {
+                "row": f"sequence: {r.variant}",
+                "baseline": r.baseline,
+                "candidate": r.candidate,
+                "ratio": r.ratio,
+                "unit": r.unit,
+                "note": f"{r.metric}; {r.note}",
+            }
+        )
     return rows
 
 
@@ -242,18 +324,21 @@ def fsdp_rows(device: torch.device, dry: bool) -> list[Row]:
     old = cudnn.deterministic, cudnn.benchmark, torch.are_deterministic_algorithms_enabled()
     if not dry:  # a resumed run must match the uninterrupted one to the zoo's tolerance: no atomics-order noise
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         return _fsdp_cells(FSDP_DRY if dry else FSDP_CELLS, run_cell)
     finally:  # the later sections time the usual, faster kernels
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old[0], old[1]
+        torch.backends.cudnn.deterministic = old[0]
+        torch.backends.cudnn.benchmark = old[1]
         torch.use_deterministic_algorithms(old[2])
         cells.TRAINER_KWARGS = {"accelerator": "cpu", "devices": 1}
 
 
-def _fsdp_cells(plan: tuple[tuple[str, tuple[str, ...]], ...], run_cell: Callable[[str, str], dict[str, Any]]
-                ) -> list[Row]:  # fmt: skip
+def _fsdp_cells(
+    plan: tuple[tuple[str, tuple[str, ...]], ...], run_cell: Callable[[str, str], dict[str, Any]]
+) -> list[Row]:
     rows = []
     for arch, techs in plan:
         for tech in techs:
@@ -264,22 +349,48 @@ def _fsdp_cells(plan: tuple[tuple[str, tuple[str, ...]], ...], run_cell: Callabl
                 rec = {"outcome": "fails", "message": f"{type(err).__name__}: {err}"}
             msg = " ".join(str(rec.get("message", "")).split())[:300]
             where = f" [at {rec['where']}]" if rec.get("where") else ""
-            rows.append({"row": f"fsdp {arch} x {tech}", "outcome": rec["outcome"],
-                         "note": f"{rec['outcome']}" + (f": {rec.get('error', '')} {msg}{where}".rstrip() if msg
-                                                         else ""), "cell_s": round(time.perf_counter() - start, 1)})
+            rows.append(
+                {
+                    "row": f"fsdp {arch} x {tech}",
+                    "outcome": rec["outcome"],
+                    "note": f"{rec['outcome']}" + (f": {rec.get('error', '')} {msg}{where}".rstrip() if msg else ""),
+                    "cell_s": round(time.perf_counter() - start, 1),
+                }
+            )
     return rows
 
 
 # the techniques that touch parameters or data (the rest only set flags or read), most telling first
 FSDP_CELLS = (
-    ("resnet18", ("pruning", "pruning_mask", "finetune_gradual", "ema", "qat", "channels_last", "batch_size_finder",
-                  "lr_finder", "progressive_resizing", "precision_trial", "float8", "fast_schedule")),
+    (
+        "resnet18",
+        (
+            "pruning",
+            "pruning_mask",
+            "finetune_gradual",
+            "ema",
+            "qat",
+            "channels_last",
+            "batch_size_finder",
+            "lr_finder",
+            "progressive_resizing",
+            "precision_trial",
+            "float8",
+            "fast_schedule",
+        ),
+    ),
     ("bert", ("sequence_batching", "token_throughput", "pruning_mask", "finetune")),
 )
 FSDP_DRY = (("resnet18", ("ema", "pruning_mask")),)
 
-SECTIONS: dict[str, Callable[..., list[Row]]] = {"steps": step_rows, "float8": float8_rows, "data": data_rows,
-                                                 "sequence": sequence_rows, "fsdp": fsdp_rows, "recipe": recipe_rows}
+SECTIONS: dict[str, Callable[..., list[Row]]] = {
+    "steps": step_rows,
+    "float8": float8_rows,
+    "data": data_rows,
+    "sequence": sequence_rows,
+    "fsdp": fsdp_rows,
+    "recipe": recipe_rows,
+}
 NO_REPEATS = ("float8", "fsdp", "recipe")  # the sections that take no ``repeats``
 
 
@@ -290,7 +401,8 @@ def _seconds(t: float) -> str:
 def _value(r: Row, which: str) -> str:
     if f"{which}_s" in r:
         return _seconds(r[f"{which}_s"])
-    value, unit = r[which], r.get("unit", "")
+    value = r[which]
+    unit = r.get("unit", "")
     if unit == "s":
         return _seconds(value)
     return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
@@ -303,8 +415,10 @@ def markdown(rows: list[Row], machine: str) -> str:
             lines.append(f"| {r['row']} | - | - | - | {r['note']} |")
             continue
         verdict = "" if r["ratio"] > 1.0 else ", no speedup"
-        lines.append(f"| {r['row']} | {_value(r, 'baseline')} | {_value(r, 'candidate')} | "
-                     f"{r['ratio']:.2f}x{verdict} | {r['note']} |")
+        lines.append(
+            f"| {r['row']} | {_value(r, 'baseline')} | {_value(r, 'candidate')} | "
+            f"{r['ratio']:.2f}x{verdict} | {r['note']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -313,8 +427,12 @@ def main(argv: list[str] | None = None) -> list[Row]:
     p.add_argument("--out", type=Path, default=Path("."), help="folder for gpu_check.json and gpu_check.md")
     p.add_argument("--dry-run", action="store_true", help="CPU, toy sizes, fp32: checks that the script runs")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {list(SECTIONS)}")
-    p.add_argument("--budget-s", type=float, default=0.0, help="skip the sections that would start after this many "
-                   "seconds (0: no limit)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="skip the sections that would start after this many seconds (0: no limit)",
+    )
     a = p.parse_args(argv)
     names = a.only.split(",")
     unknown = [n for n in names if n not in SECTIONS]
@@ -329,7 +447,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     import lightning
 
     machine = ("cpu dry run (numbers mean nothing)" if a.dry_run else torch.cuda.get_device_name(0)) + (
-        f", torch {torch.__version__}, lightning {lightning.__version__}, {time.strftime('%Y-%m-%d')}")
+        f", torch {torch.__version__}, lightning {lightning.__version__}, {time.strftime('%Y-%m-%d')}"
+    )
     repeats = 2 if a.dry_run else 10
     rows: list[Row] = []
     a.out.mkdir(parents=True, exist_ok=True)

@@ -47,8 +47,9 @@ def half_epochs_to_target(task: str, schedule: str, seed: int, epochs: int = 5) 
     L.seed_everything(seed, verbose=False)
     clock = TrainClock(target)
     model = DemoClassifier(width=32)
-    recipe = fast_train(model=model, max_epochs=epochs, lr=lr, precision="32-true", channels_last=True,
-                        cache=False, **bench._QUIET)  # fmt: skip
+    recipe = fast_train(
+        model=model, max_epochs=epochs, lr=lr, precision="32-true", channels_last=True, cache=False, **bench._QUIET
+    )
     recipe.scheduler_config = SchedulerConfig(**config)
     recipe.apply(model)
     callbacks, kwargs = recipe

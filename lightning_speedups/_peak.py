@@ -45,11 +45,19 @@ _CPUFREQ_MAX = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # 
 _SVE_VECTOR_LENGTH = Path("/proc/sys/abi/sve_default_vector_length")  # bytes
 
 _DTYPES: dict[object, str] = {
-    torch.float32: "fp32", "fp32": "fp32", "float32": "fp32",
-    torch.bfloat16: "bf16", "bf16": "bf16", "bfloat16": "bf16",
-    torch.float16: "fp16", "fp16": "fp16", "float16": "fp16",
-    torch.float64: "fp64", "fp64": "fp64", "float64": "fp64",
-}  # fmt: skip
+    torch.float32: "fp32",
+    "fp32": "fp32",
+    "float32": "fp32",
+    torch.bfloat16: "bf16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    torch.float16: "fp16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    torch.float64: "fp64",
+    "fp64": "fp64",
+    "float64": "fp64",
+}
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
@@ -130,25 +138,38 @@ class IsaRule:
 
 #: fp32 FLOP/cycle/core per vector ISA, most capable first; a new ISA is a new entry.
 CPU_ISA_RULES: tuple[IsaRule, ...] = (
-    IsaRule("AVX-512 (AMD, 2x256-bit)", frozenset({"avx512f"}), 32.0,
-            "Zen 4 runs 512-bit ops as two 256-bit halves: 2 FMA units x 8 lanes x 2", vendor="AuthenticAMD"),
-    IsaRule("AVX-512", frozenset({"avx512f"}), 64.0,
-            "2 FMA units x 16 lanes x 2 (parts with one 512-bit FMA unit reach half)"),
+    IsaRule(
+        "AVX-512 (AMD, 2x256-bit)",
+        frozenset({"avx512f"}),
+        32.0,
+        "Zen 4 runs 512-bit ops as two 256-bit halves: 2 FMA units x 8 lanes x 2",
+        vendor="AuthenticAMD",
+    ),
+    IsaRule(
+        "AVX-512",
+        frozenset({"avx512f"}),
+        64.0,
+        "2 FMA units x 16 lanes x 2 (parts with one 512-bit FMA unit reach half)",
+    ),
     IsaRule("AVX2+FMA", frozenset({"avx2", "fma"}), 32.0, "2 FMA units x 8 lanes x 2"),
     IsaRule("AVX", frozenset({"avx"}), 16.0, "an add and a multiply unit x 8 lanes"),
     IsaRule("SSE", frozenset({"sse"}), 8.0, "an add and a multiply unit x 4 lanes"),
     IsaRule("SVE", frozenset({"sve"}), 16.0, "2 FMA pipes x (vector bits / 32) lanes x 2", scalable=True),
     IsaRule("NEON", frozenset({"asimd"}), 16.0, "2 FMA pipes x 4 lanes x 2"),
-)  # fmt: skip
+)
 
 # low-precision units: (flag, ISA label, absolute FLOP/cycle/core or None, factor over fp32, caveat)
 _LOW_PRECISION: dict[str, tuple[tuple[str, str, float | None, float, str], ...]] = {
     # Intel AMX: a 16x32 by 32x16 tile multiply per cycle = 1024 FLOP/cycle/core; reached only by large matmuls
-    "bf16": (("amx_bf16", "AMX-BF16", 1024.0, 1.0, "AMX tile matmuls only: an upper bound"),
-             ("avx512_bf16", "AVX512-BF16", None, 2.0, "bf16 dot products at 2x the fp32 rate")),
-    "fp16": (("amx_fp16", "AMX-FP16", 1024.0, 1.0, "AMX tile matmuls only: an upper bound"),
-             ("avx512_fp16", "AVX512-FP16", None, 2.0, "fp16 vectors at 2x the fp32 lanes")),
-}  # fmt: skip
+    "bf16": (
+        ("amx_bf16", "AMX-BF16", 1024.0, 1.0, "AMX tile matmuls only: an upper bound"),
+        ("avx512_bf16", "AVX512-BF16", None, 2.0, "bf16 dot products at 2x the fp32 rate"),
+    ),
+    "fp16": (
+        ("amx_fp16", "AMX-FP16", 1024.0, 1.0, "AMX tile matmuls only: an upper bound"),
+        ("avx512_fp16", "AVX512-FP16", None, 2.0, "fp16 vectors at 2x the fp32 lanes"),
+    ),
+}
 _NO_UNITS = {"bf16": "no bf16 units: counted at the fp32 rate", "fp16": "no fp16 units: counted at the fp32 rate"}
 
 
@@ -191,10 +212,12 @@ def _read_cpuinfo(path: Path | None = None) -> _CpuInfo | None:
     except OSError:
         return None
     flags: frozenset[str] = frozenset()
-    vendor, mhz = "", None
+    vendor = ""
+    mhz = None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key, value = key.strip().lower(), value.strip()
+        key = key.strip().lower()
+        value = value.strip()
         if key in ("flags", "features") and not flags:
             flags = frozenset(value.lower().split())
         elif key == "vendor_id" and not vendor:
@@ -317,9 +340,12 @@ def estimate_cpu_peak_flops(
     unknown = PeakEstimate(None, name, cores=cores, ghz=ghz, source="ISA x cores x clock")
     rule = next((r for r in CPU_ISA_RULES if r.flags <= flag_set and r.vendor in (None, vendor)), None)
     if rule is None:
-        return replace(unknown, reason="no known vector ISA in the CPU flags (AVX-512, AVX2, AVX, SSE, SVE, NEON); "
-                                         "pass `flags=`")  # fmt: skip
-    fp32, isa, caveat = rule.fp32, rule.name, ""
+        return replace(
+            unknown, reason="no known vector ISA in the CPU flags (AVX-512, AVX2, AVX, SSE, SVE, NEON); pass `flags=`"
+        )
+    fp32 = rule.fp32
+    isa = rule.name
+    caveat = ""
     if rule.scalable:
         bits = vector_bits or _sve_bits()
         fp32 = fp32 * bits / 128 if bits else fp32
@@ -334,8 +360,12 @@ def estimate_cpu_peak_flops(
             per_core = absolute if absolute is not None else fp32 * factor
             caveat = note if absolute is not None else caveat
     if ghz is None:
-        return replace(unknown, isa=isa, flop_per_cycle_per_core=per_core,
-                        reason="clock unknown (no cpufreq and no `cpu MHz` in /proc/cpuinfo); pass `ghz=`")  # fmt: skip
+        return replace(
+            unknown,
+            isa=isa,
+            flop_per_cycle_per_core=per_core,
+            reason="clock unknown (no cpufreq and no `cpu MHz` in /proc/cpuinfo); pass `ghz=`",
+        )
     flops = per_core * cores * ghz * 1e9
     return PeakEstimate(flops, name, "cpu", isa, per_core, cores, ghz, "ISA x cores x clock", True, caveat)
 
@@ -374,8 +404,14 @@ def _gpu_peak(device: torch.device, name: str) -> PeakEstimate:
         flops = GPU_PEAKS[chip].get(dtype)
         source = f"{device_name}: NVIDIA datasheet, dense"
         if flops is None:
-            return PeakEstimate(None, dtype, device.type, source=source, estimate=False,
-                                reason=f"no {dtype} peak for {device_name} in GPU_PEAKS")  # fmt: skip
+            return PeakEstimate(
+                None,
+                dtype,
+                device.type,
+                source=source,
+                estimate=False,
+                reason=f"no {dtype} peak for {device_name} in GPU_PEAKS",
+            )
         return PeakEstimate(flops, dtype, device.type, source=source, estimate=False)
     return _lightning_peak(device, name, device_name)
 

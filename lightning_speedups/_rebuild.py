@@ -111,8 +111,9 @@ def _follow_old_groups(old_opt: Any, new_opt: Any, origins: Mapping[int, ParamOr
     """Regroup ``new_opt``'s parameters like ``old_opt``'s: a callback (layer-wise LR decay, unfreezing) split the
     groups that ``configure_optimizers`` returns, and re-running it must not silently merge them again."""
     group_of = {id(p): i for i, g in enumerate(old_opt.param_groups) for p in g["params"]}
-    groups: list[dict[str, Any]] = [{**{k: v for k, v in g.items() if k != "params"}, "params": []}
-                                    for g in old_opt.param_groups]  # fmt: skip
+    groups: list[dict[str, Any]] = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": []} for g in old_opt.param_groups
+    ]
     extra: list[dict[str, Any]] = []
     for new_group in new_opt.param_groups:
         leftover = {**{k: v for k, v in new_group.items() if k != "params"}, "params": []}
@@ -185,7 +186,8 @@ def rebuild_optimizers(
             _follow_old_groups(old_opt, new_opt, origins)
         params = [p for g in new_opt.param_groups for p in g["params"]]
         state, c, r = _carry_state(old_opt.state, params, origins)
-        carried, reset = carried + c, reset + r
+        carried = carried + c
+        reset = reset + r
         new_opt.state.clear()
         new_opt.state.update(state)
         if len(old_opt.param_groups) == len(new_opt.param_groups):

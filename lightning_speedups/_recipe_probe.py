@@ -27,8 +27,14 @@ PRECISIONS = ("32-true", "bf16-mixed")
 
 
 def measure_cpu_layout_and_precision(
-    model: nn.Module, example: torch.Tensor, batch_size: int = 64, repeats: int = 3, margin: float = 1.1,
-    budget_s: float = 5.0, clock: Any = None, precisions: Sequence[str] = PRECISIONS,
+    model: nn.Module,
+    example: torch.Tensor,
+    batch_size: int = 64,
+    repeats: int = 3,
+    margin: float = 1.1,
+    budget_s: float = 5.0,
+    clock: Any = None,
+    precisions: Sequence[str] = PRECISIONS,
 ) -> tuple[bool, str, dict[str, float]]:
     """Time a training step of copies of ``model`` on this CPU in fp32 / channels_last / bf16 / both; pick the best.
 
@@ -60,13 +66,21 @@ def measure_cpu_layout_and_precision(
         name = ("channels_last" if cl else "nchw") + ("+bf16" if bf16 else "+fp32")
         candidates[name] = make_train_step(m, xi, y, autocast_dtype=torch.bfloat16 if bf16 else None)
     base = "nchw+fp32" if "32-true" in precisions else "nchw+bf16"
-    conservative_first = [n for n in ("nchw+fp32", "channels_last+fp32", "nchw+bf16", "channels_last+bf16")
-                          if n in candidates]  # fmt: skip
+    conservative_first = [
+        n for n in ("nchw+fp32", "channels_last+fp32", "nchw+bf16", "channels_last+bf16") if n in candidates
+    ]
     ratios: dict[str, float] = {base: MeasuredRatio(1.0)}
     if len(candidates) == 1:
         return False, "bf16-mixed" if base.endswith("bf16") else "32-true", ratios
-    cmp = compare(candidates, base, min_gain=margin - 1.0, budget_s=budget_s, min_rounds=max(2, repeats),
-                  prefer=conservative_first, clock=clock or time.perf_counter)  # fmt: skip
+    cmp = compare(
+        candidates,
+        base,
+        min_gain=margin - 1.0,
+        budget_s=budget_s,
+        min_rounds=max(2, repeats),
+        prefer=conservative_first,
+        clock=clock or time.perf_counter,
+    )
     ratios.update({k: MeasuredRatio(conservative_ratio(cmp, k), cmp, k) for k in cmp.ratios})
     best = cmp.winner
     return best.startswith("channels_last"), "bf16-mixed" if best.endswith("bf16") else "32-true", ratios
@@ -94,7 +108,10 @@ def cached_probe(
         return bool(settings["channels_last"]), str(settings["precision"]), ratios, time.perf_counter() - start, True
     channels_last, precision, ratios = measure_cpu_layout_and_precision(model, example, precisions=precisions)
     if store is not None:
-        plain = {"channels_last": channels_last, "precision": precision,
-                 "ratios": {k: round(float(v), 4) for k, v in ratios.items()}}  # fmt: skip
+        plain = {
+            "channels_last": channels_last,
+            "precision": precision,
+            "ratios": {k: round(float(v), 4) for k, v in ratios.items()},
+        }
         store.put(key, {"settings": plain, "choices": [], "notes": []})
     return channels_last, precision, ratios, time.perf_counter() - start, False

@@ -126,7 +126,8 @@ def count_tokens(batch: Any, pad_value: int | None = None, ignore_index: int = I
     ids = token_ids(batch)
     if ids is None:
         return None
-    rows, padded = int(ids.shape[0]), int(ids.numel())
+    rows = int(ids.shape[0])
+    padded = int(ids.numel())
     mask = labels = None
     if isinstance(batch, Mapping):
         found = batch.get("attention_mask")
@@ -134,7 +135,8 @@ def count_tokens(batch: Any, pad_value: int | None = None, ignore_index: int = I
         found = batch.get("labels")
         labels = found if _same_shape(found, ids) else None
     elif isinstance(batch, Sequence) and len(batch) >= 2:
-        last, second = batch[-1], batch[1]
+        last = batch[-1]
+        second = batch[1]
         if _same_shape(last, ids) and not last.is_floating_point():
             ok, real = torch.stack([_mask_like(last), (last != 0).sum()]).tolist()  # one sync for both
             if ok:
@@ -170,8 +172,10 @@ def as_token_count(value: Any) -> TokenCount | None:
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value, value)
-    ok = isinstance(value, Sequence) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ok = (
+        isinstance(value, Sequence)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     )
     if not ok or value[0] < 0 or value[0] > value[1]:
         raise SpeedupConfigError(

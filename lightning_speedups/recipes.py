@@ -116,7 +116,8 @@ def check_conflicts(
         raise SpeedupConfigError(
             "`QuantizationAwareTraining` with `Float8Training` is refused: both replace the nn.Linear layers."
         )
-    kept, notes = list(callbacks), []
+    kept = list(callbacks)
+    notes = []
     if "ChannelsLast" in names and model is not None and not _has_conv(model):
         kept.remove(names["ChannelsLast"])
         notes.append("ChannelsLast dropped: the model has no 2-D convolution, so channels_last cannot speed it up.")
@@ -211,14 +212,21 @@ def _common(
     cpu_run = not torch.cuda.is_available() or trainer_overrides.get("accelerator") == "cpu"
     if cpu_run and model is not None and isinstance(example, torch.Tensor) and "auto" in (channels_last, precision):
         # a precision given by the caller is not re-measured: only the layout is, at that precision
-        precisions = ("32-true", "bf16-mixed") if precision == "auto" else (
-            ("bf16-mixed",) if precision in ("bf16-mixed", "bf16") else ("32-true",))
-        measured_cl, measured_precision, ratios, probe_s, hit = cached_probe(model, example, precisions, cache,
-                                                                             cache_dir)  # fmt: skip
-        notes.append(("cached measurement" if hit else "measured")
-                     + f" on this CPU (vs {next(iter(ratios))}, the conservative end of each interval): "
-                     + "; ".join(f"{k} {v:.2f}x" + (f" ({describe_ratio(v)})" if describe_ratio(v) else "")
-                                 for k, v in ratios.items()))  # fmt: skip
+        precisions = (
+            ("32-true", "bf16-mixed")
+            if precision == "auto"
+            else (("bf16-mixed",) if precision in ("bf16-mixed", "bf16") else ("32-true",))
+        )
+        measured_cl, measured_precision, ratios, probe_s, hit = cached_probe(
+            model, example, precisions, cache, cache_dir
+        )
+        notes.append(
+            ("cached measurement" if hit else "measured")
+            + f" on this CPU (vs {next(iter(ratios))}, the conservative end of each interval): "
+            + "; ".join(
+                f"{k} {v:.2f}x" + (f" ({describe_ratio(v)})" if describe_ratio(v) else "") for k, v in ratios.items()
+            )
+        )
         channels_last = measured_cl if channels_last == "auto" else channels_last
         precision = measured_precision if precision == "auto" else precision
     if channels_last == "auto":  # on GPUs NHWC feeds the tensor cores of convolutions
@@ -292,8 +300,20 @@ def fast_train(
         if not any(isinstance(cb, EMA) for cb in extra):
             extra.append(EMA(decay=ema, warmup=True))
     schedule = SchedulerConfig("linear_warmup_cosine", warmup=0.05)
-    return _common("fast_train", model, max_epochs, lr, channels_last, compile, precision, extra, trainer_overrides,
-                   cache, cache_dir, schedule)  # fmt: skip
+    return _common(
+        "fast_train",
+        model,
+        max_epochs,
+        lr,
+        channels_last,
+        compile,
+        precision,
+        extra,
+        trainer_overrides,
+        cache,
+        cache_dir,
+        schedule,
+    )
 
 
 def fast_finetune(

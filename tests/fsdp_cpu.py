@@ -67,6 +67,10 @@ class CPUFSDPStrategy(FSDPStrategy):
         if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
             return model
         return FullyShardedDataParallel(
-            module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy, device_id=torch.device("cpu"), **self.kwargs,
-        )  # fmt: skip
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=torch.device("cpu"),
+            **self.kwargs,
+        )

@@ -44,10 +44,13 @@ def simulated_trials(seed: int, step_time: Callable[[int], float], jitter: float
     """
     from lightning_speedups.functional.batch_size import BatchSizeTrial
 
-    rng, now = random.Random(seed), [0.0]
+    rng = random.Random(seed)
+    now = [0.0]
 
     def measure(b: int) -> BatchSizeTrial:
-        start, times, seen = now[0], [], 0
+        start = now[0]
+        times = []
+        seen = 0
         while not cfg.trial_done(len(times), seen, sum(times)):
             dt = step_time(b) * (1.0 + rng.uniform(-jitter, jitter))
             dt *= 3.0 if rng.random() < 1.0 / outlier_every else 1.0

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-VOCAB, BLOCK, EMBD = 64, 16, 32
+VOCAB = 64
+BLOCK = 16
+EMBD = 32
 IDX_SEED = 7  # held-out token ids for comparing two models' outputs
 
 

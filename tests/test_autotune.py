@@ -19,15 +19,21 @@ from lightning_speedups.demo import DemoClassifier
 
 def _loader(n: int = 16, batch_size: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
-                      batch_size=batch_size)  # fmt: skip
+    return DataLoader(
+        TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
+        batch_size=batch_size,
+    )
 
 
 class FakeMachine:
     """A simulated clock and step costs per plan setting, with +-10% seeded jitter."""
 
     def __init__(self, costs: dict[str, float], compile_s: float = 0.0, seed: int = 0) -> None:
-        self.now, self.costs, self.compile_s, self.rng, self.calls = 0.0, costs, compile_s, random.Random(seed), 0
+        self.now = 0.0
+        self.costs = costs
+        self.compile_s = compile_s
+        self.rng = random.Random(seed)
+        self.calls = 0
 
     def clock(self) -> float:
         return self.now
@@ -63,14 +69,22 @@ def _patched(monkeypatch, machine: FakeMachine) -> None:
 def _fake_tune(monkeypatch, machine: FakeMachine, candidates: list[str], **kwargs) -> TunePlan:
     """autotune of a tiny model on the fake machine: the given candidates, no methods, no cache."""
     _patched(monkeypatch, machine)
-    return autotune(DemoClassifier(width=4), _loader(), candidates=candidates, methods=[], cache=False,
-                    clock=machine.clock, **kwargs)  # fmt: skip
+    return autotune(
+        DemoClassifier(width=4),
+        _loader(),
+        candidates=candidates,
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        **kwargs,
+    )
 
 
 def test_autotune_keeps_only_measured_gains(monkeypatch):
     machine = FakeMachine({"bf16-mixed": 0.5, "channels_last": 0.99, "x2": 0.4, "x4": 0.4, "fused": 0.85})
-    plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last", "batch_size", "optimizer"],
-                      budget_s=2000.0, max_epochs=1)  # fmt: skip
+    plan = _fake_tune(
+        monkeypatch, machine, ["precision", "channels_last", "batch_size", "optimizer"], budget_s=2000.0, max_epochs=1
+    )
     chosen = {c.name: c.chosen for c in plan.choices}
     assert chosen == {"precision": "bf16-mixed", "channels_last": False, "batch_size": 2, "optimizer": "fused"}
     assert plan.trainer_kwargs == {"max_epochs": 1, "precision": "bf16-mixed"} and plan.callbacks == []
@@ -182,11 +196,11 @@ def test_autotune_cache_hit_corrupt_and_other_torch(monkeypatch, tmp_path):
 
 
 def test_autotune_real_trials_leave_model_and_data_unchanged():
-    model, loader = DemoClassifier(width=4), _loader()
+    model = DemoClassifier(width=4)
+    loader = _loader()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    plan = autotune(model, loader, candidates=["channels_last", "optimizer"], budget_s=3.0, cache=False,
-                    max_epochs=1)
+    plan = autotune(model, loader, candidates=["channels_last", "optimizer"], budget_s=3.0, cache=False, max_epochs=1)
     kept = {c.name for c in plan.choices}
     assert isinstance(plan, TunePlan) and kept <= {"channels_last", "optimizer", "ema", "schedule"}
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -197,7 +211,8 @@ def test_autotune_real_trials_leave_model_and_data_unchanged():
 
 
 def test_autotune_interrupted_mid_trial_leaves_everything(monkeypatch):
-    model, loader = DemoClassifier(width=4), _loader()
+    model = DemoClassifier(width=4)
+    loader = _loader()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     original = trials.make_step
 
@@ -227,8 +242,7 @@ def test_autotune_bad_input():
         autotune(DemoClassifier(width=4), _loader(), budget_s=0)
     with pytest.raises(SpeedupConfigError, match="`budget_s`=-1 is out of range"):
         autotune(DemoClassifier(width=4), _loader(), budget_s=-1)
-    assert list_candidates() == ["batching", "precision", "channels_last", "data", "batch_size", "optimizer",
-                                 "compile"]
+    assert list_candidates() == ["batching", "precision", "channels_last", "data", "batch_size", "optimizer", "compile"]
 
 
 def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monkeypatch):
@@ -290,12 +304,21 @@ def test_the_data_trial_times_fetches_alone_when_the_loader_runs_in_the_training
     def counted(self, fns, baseline, share, min_gain=None, returns_time=False):
         before = machine.calls
         result = original(self, fns, baseline, share, min_gain, returns_time)
-        calls["steps"], calls["returns_time"] = machine.calls - before, returns_time
+        calls["steps"] = machine.calls - before
+        calls["returns_time"] = returns_time
         return result
 
     monkeypatch.setattr(trials.TrialContext, "compare", counted)
-    plan = autotune(DemoClassifier(width=4), loader, candidates=["data"], methods=[], budget_s=500.0, cache=False,
-                    clock=machine.clock, max_epochs=1)  # fmt: skip
+    plan = autotune(
+        DemoClassifier(width=4),
+        loader,
+        candidates=["data"],
+        methods=[],
+        budget_s=500.0,
+        cache=False,
+        clock=machine.clock,
+        max_epochs=1,
+    )
     (choice,) = plan.choices
     if workers == 0:  # (1 + 2) / (1 + 0): the fetch with the step added, against the twin's fetch (free here)
         assert calls == {"steps": 0, "returns_time": True} and choice.chosen is True
@@ -311,8 +334,9 @@ def test_a_cached_plan_rebuilds_the_datamodule_twin(monkeypatch, tmp_path):
 
     machine = FakeMachine({})
     _patched(monkeypatch, machine)
-    kw = dict(candidates=["precision"], methods=[], budget_s=500.0, cache_dir=tmp_path, clock=machine.clock,
-              max_epochs=1)  # fmt: skip
+    kw = dict(
+        candidates=["precision"], methods=[], budget_s=500.0, cache_dir=tmp_path, clock=machine.clock, max_epochs=1
+    )
     first = autotune(DemoClassifier(width=4), DigitsDataModule(batch_size=16), **kw)
     assert first.datamodule is None
     cache_file = tmp_path / "autotune.json"
@@ -338,8 +362,9 @@ def test_the_optimizer_kernel_is_tried_only_where_its_share_of_the_step_could_pa
     else:
         assert choice.chosen == "for_loop" and choice.gain == 1.0
         # 2% with +-10% jitter, the median of 3 timed rounds (5 before the comparisons were priced at 3 rounds)
-        assert re.match(r"fused/foreach not tried: the optimizer step is (1\.[89]|2\.[0-2])% of a training step",
-                        choice.note)  # fmt: skip
+        assert re.match(
+            r"fused/foreach not tried: the optimizer step is (1\.[89]|2\.[0-2])% of a training step", choice.note
+        )
         assert "at most 1.02" in choice.note or "at most 1.01" in choice.note
         assert "below the 5% margin" in choice.note
 
@@ -365,8 +390,10 @@ class _PatchNet(DemoClassifier):
 
     def __init__(self, conv_cost: float, mixer_cost: float) -> None:
         super().__init__(width=4)
-        conv, mixer = _CostlyConv(3, 8, 8, stride=8), _CostlyLinear(16, 16)
-        conv.cost, mixer.cost = conv_cost, mixer_cost
+        conv = _CostlyConv(3, 8, 8, stride=8)
+        mixer = _CostlyLinear(16, 16)
+        conv.cost = conv_cost
+        mixer.cost = mixer_cost
         self.backbone = torch.nn.Sequential(conv, torch.nn.Flatten(2), mixer, torch.nn.Flatten())
         self.head = torch.nn.Linear(128, 10)
 
@@ -378,16 +405,26 @@ def test_channels_last_is_tried_only_where_the_work_on_4d_tensors_could_pay(monk
     machine = FakeMachine({"channels_last": 0.5})
     _patched(monkeypatch, machine)
     monkeypatch.setitem(_TICKS, "machine", machine)
-    plan = autotune(_PatchNet(conv_cost, 1.0), _loader(), candidates=["channels_last"], methods=[], cache=False,
-                    clock=machine.clock, budget_s=2000.0, max_epochs=1)  # fmt: skip
+    plan = autotune(
+        _PatchNet(conv_cost, 1.0),
+        _loader(),
+        candidates=["channels_last"],
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        budget_s=2000.0,
+        max_epochs=1,
+    )
     (choice,) = plan.choices
     if tried:
         assert choice.chosen is True and choice.trials >= 3
     else:
         assert choice.chosen is False and choice.trials == 0 and machine.calls == 4  # the sizing steps only
-        assert re.match(r"channels_last not tried: the layers that take 4-D tensors are 1\.0% of a forward pass, "
-                        r"so even free they would make a step at most 1\.010x faster, below the 5% margin",
-                        choice.note)  # fmt: skip
+        assert re.match(
+            r"channels_last not tried: the layers that take 4-D tensors are 1\.0% of a forward pass, "
+            r"so even free they would make a step at most 1\.010x faster, below the 5% margin",
+            choice.note,
+        )
 
 
 def test_the_optimizer_only_step_leaves_the_users_model_untouched():
@@ -424,8 +461,16 @@ def test_a_custom_dataset_is_named_when_the_data_path_is_not_tried(monkeypatch):
 
     machine = FakeMachine({})
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), DataLoader(Tokens(), batch_size=4), candidates=["data"], methods=[],
-                    cache=False, clock=machine.clock, budget_s=100.0, max_epochs=1)  # fmt: skip
+    plan = autotune(
+        DemoClassifier(width=4),
+        DataLoader(Tokens(), batch_size=4),
+        candidates=["data"],
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        budget_s=100.0,
+        max_epochs=1,
+    )
     (note,) = [n for n in plan.notes if n.startswith("data path not tried")]
     assert "reads a Tokens, whose per-sample code" in note and "TensorDataset" in note
     assert "transforms that no device twin" not in note
@@ -442,7 +487,8 @@ def test_a_channels_last_trial_leaves_a_conv3d_weight_alone():
     class Mixed(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.conv, self.conv3d = nn.Conv2d(3, 4, 3, padding=1), nn.Conv3d(1, 1, (3, 3, 1), padding=(1, 1, 0))
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.conv3d = nn.Conv3d(1, 1, (3, 3, 1), padding=(1, 1, 0))
             self.head = nn.Linear(4, 2)
 
         def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
@@ -469,8 +515,9 @@ def test_the_device_twin_repeats_the_datamodules_flip_or_is_not_offered():
 
     dm = ShapesDataModule(n_train=64, n_val=32, batch_size=16)
     dm.setup("fit")
-    ctx = trials.TrialContext(DemoClassifier(width=4), None, torch.device("cpu"), 10, 0.05, float("inf"), {},
-                              datamodule=dm)  # fmt: skip
+    ctx = trials.TrialContext(
+        DemoClassifier(width=4), None, torch.device("cpu"), 10, 0.05, float("inf"), {}, datamodule=dm
+    )
     kind, twin = device_twin(ctx)
     twin.trainer = None
     aug = twin.train_dataloader().transform

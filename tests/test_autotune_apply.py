@@ -34,12 +34,19 @@ class Plain(L.LightningModule):
         return loss
 
     def configure_optimizers(self):  # noqa: ANN201
-        opt = torch.optim.SGD([{"params": self.body.parameters()}, {"params": self.head.parameters(), "lr": 0.5}],
-                              lr=0.05, momentum=0.9)  # fmt: skip
+        opt = torch.optim.SGD(
+            [{"params": self.body.parameters()}, {"params": self.head.parameters(), "lr": 0.5}], lr=0.05, momentum=0.9
+        )
         sched = torch.optim.lr_scheduler.StepLR(opt, 1)
-        forms = {"optimizer": opt, "list": [opt], "tuple": (opt,), "pair": ([opt], [sched]),
-                 "dict": {"optimizer": opt, "lr_scheduler": sched}, "dicts": [{"optimizer": opt}],
-                 "adam": torch.optim.Adam(self.parameters(), lr=1e-3)}  # fmt: skip
+        forms = {
+            "optimizer": opt,
+            "list": [opt],
+            "tuple": (opt,),
+            "pair": ([opt], [sched]),
+            "dict": {"optimizer": opt, "lr_scheduler": sched},
+            "dicts": [{"optimizer": opt}],
+            "adam": torch.optim.Adam(self.parameters(), lr=1e-3),
+        }
         if self.form == "trainer":
             return torch.optim.SGD(self.parameters(), lr=0.1 * self.trainer.max_epochs)
         if self.form == "planned":  # the usual schedule sized by the run (OneCycleLR, HF's linear warm-up)
@@ -81,8 +88,17 @@ def test_the_kernel_is_set_on_the_users_optimizer_class():
         assert again is not adamw and again.defaults[impl] is True and again.defaults["weight_decay"] == 0.1
 
     class NoKernels(torch.optim.SGD):  # a class that takes no fused/foreach: the optimizer as it was
-        def __init__(self, params, lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,  # noqa: ANN001
-                     maximize=False, differentiable=False) -> None:  # fmt: skip
+        def __init__(
+            self,
+            params,
+            lr=0.1,
+            momentum=0.0,
+            dampening=0.0,
+            weight_decay=0.0,
+            nesterov=False,  # noqa: ANN001
+            maximize=False,
+            differentiable=False,
+        ) -> None:
             super().__init__(params, lr=lr, momentum=momentum)
 
     plain = NoKernels(model.parameters())
@@ -90,13 +106,14 @@ def test_the_kernel_is_set_on_the_users_optimizer_class():
 
 
 def test_a_configure_optimizers_that_needs_a_fit_falls_back_to_adamw_with_one_note():
-    ctx = trials.TrialContext(Plain("trainer"), next(iter(_loader())), torch.device("cpu"), 10, 0.05, float("inf"),
-                              {})  # fmt: skip
+    ctx = trials.TrialContext(Plain("trainer"), next(iter(_loader())), torch.device("cpu"), 10, 0.05, float("inf"), {})
     trials.make_step(ctx, {})()
     trials.make_step(ctx, {"implementation": "foreach"})()
     (note,) = ctx.notes
-    assert note.startswith("the trials timed AdamW (lr 1e-4), not the model's optimizer: `configure_optimizers` "
-                           "cannot run outside a fit (AttributeError")  # fmt: skip
+    assert note.startswith(
+        "the trials timed AdamW (lr 1e-4), not the model's optimizer: `configure_optimizers` "
+        "cannot run outside a fit (AttributeError"
+    )
     assert "'max_epochs'" in note and "autotune answers only self.trainer's estimated_stepping_batches" in note
 
 
@@ -125,8 +142,16 @@ def test_the_kernel_is_not_offered_to_a_plain_module(monkeypatch):
     # apply() cannot change a plain module's own configure_optimizers: the plan must not list a kernel it won't set
     machine = FakeMachine({"optimizer_only": 0.3, "fused": 0.7})
     _patched(monkeypatch, machine)
-    plan = autotune(Plain("adam"), _loader(), candidates=["optimizer"], methods=[], cache=False, clock=machine.clock,
-                    budget_s=2000.0, max_epochs=1)  # fmt: skip
+    plan = autotune(
+        Plain("adam"),
+        _loader(),
+        candidates=["optimizer"],
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        budget_s=2000.0,
+        max_epochs=1,
+    )
     assert plan.choices == [] and "implementation" not in plan.settings
     assert "fused/foreach optimizer not tried: `Plain.configure_optimizers` builds its own optimizer" in plan.to_text()
     assert "fused=True" in plan.to_text() and "optimizer       fused" not in plan.to_text()
@@ -141,8 +166,16 @@ def test_apply_rebuilds_a_plain_dataloader_at_the_planned_batch(monkeypatch):
     machine = FakeMachine({"x2": 0.4, "x4": 1.0})
     _patched(monkeypatch, machine)
     loader = _loader(n=32, batch_size=8)
-    plan = autotune(DemoClassifier(width=4), loader, candidates=["batch_size"], methods=[], cache=False,
-                    clock=machine.clock, budget_s=2000.0, max_epochs=1)  # fmt: skip
+    plan = autotune(
+        DemoClassifier(width=4),
+        loader,
+        candidates=["batch_size"],
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        budget_s=2000.0,
+        max_epochs=1,
+    )
     assert plan.settings["batch_scale"] == 2 and plan.train_dataloaders is None
     assert re.search(r"batch_size +x2 ", plan.to_text())  # a multiple of the user's batch, not a batch of 2
     model = DemoClassifier(width=4)
@@ -159,11 +192,21 @@ def test_a_loader_that_cannot_be_rebuilt_keeps_its_batch_and_says_so_at_tune_tim
     _patched(monkeypatch, machine)
     data = _loader(n=32, batch_size=8).dataset
     loader = DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(range(24)))
-    plan = autotune(DemoClassifier(width=4), loader, candidates=["batch_size"], methods=[], cache=False,
-                    clock=machine.clock, budget_s=2000.0, max_epochs=1)  # fmt: skip
+    plan = autotune(
+        DemoClassifier(width=4),
+        loader,
+        candidates=["batch_size"],
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        budget_s=2000.0,
+        max_epochs=1,
+    )
     assert plan.choices == [] and plan.settings.get("batch_scale", 1) == 1
-    assert ("batch_size not tried: the training data is a DataLoader with a custom sampler or batch_sampler, which "
-            "cannot be rebuilt at another batch size") in plan.to_text()  # fmt: skip
+    assert (
+        "batch_size not tried: the training data is a DataLoader with a custom sampler or batch_sampler, which "
+        "cannot be rebuilt at another batch size"
+    ) in plan.to_text()
     model = DemoClassifier(width=4)
     lr = model.optimizer_config.lr
     plan.apply(model, loader)  # nothing to apply, nothing raised
@@ -173,8 +216,16 @@ def test_a_loader_that_cannot_be_rebuilt_keeps_its_batch_and_says_so_at_tune_tim
 def test_the_schedule_peak_does_not_follow_a_batch_that_was_not_applied(monkeypatch):
     machine = FakeMachine({"x2": 0.4, "x4": 1.0})
     _patched(monkeypatch, machine)
-    plan = autotune(Plain("adam"), _loader(n=32, batch_size=8), candidates=["batch_size"], methods=["schedule"],
-                    cache=False, clock=machine.clock, budget_s=2000.0, max_epochs=2)  # fmt: skip
+    plan = autotune(
+        Plain("adam"),
+        _loader(n=32, batch_size=8),
+        candidates=["batch_size"],
+        methods=["schedule"],
+        cache=False,
+        clock=machine.clock,
+        budget_s=2000.0,
+        max_epochs=2,
+    )
     (schedule,) = [cb for cb in plan.callbacks if isinstance(cb, FastSchedule)]
     assert plan.settings["batch_scale"] == 2 and (schedule.base_batch_size, schedule.batch_size) == (8, 16)
     plan.apply(Plain("adam"))  # no data given, no `batch_size` attribute: the batch stays, and so must the peak
@@ -208,14 +259,22 @@ def test_the_fit_reuses_the_setup_autotune_ran_once(cached, tmp_path):
     kw = {"candidates": [], "methods": [], "budget_s": 2.0, "cache_dir": str(tmp_path), "accelerator": "cpu"}
     if cached:
         autotune(Plain(), _CountingData(), max_steps=2, **kw)
-    model, data = Plain(), _CountingData()
+    model = Plain()
+    data = _CountingData()
     plan = autotune(model, data, max_steps=2, **kw)
     assert plan.from_cache is cached and data.calls == ["fit"]
     plan.apply(model, data)
     assert plan.notes[-1] == "_CountingData.setup('fit') already ran for autotune: the fit reuses it"
     assert pickle.loads(pickle.dumps(data)).calls == ["fit"]  # still pickles (ddp_spawn sends it to the ranks)
-    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0, callbacks=plan.callbacks)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=plan.callbacks,
+    )
     trainer.fit(model, datamodule=data)
     assert data.calls == ["fit"] and trainer.global_step == 2 and "setup" not in vars(data)
     trainer.fit(model, datamodule=data)  # every later call runs the DataModule's own setup
@@ -226,11 +285,19 @@ def test_the_fit_reuses_the_setup_autotune_ran_once(cached, tmp_path):
 
 
 def test_a_datamodule_autotune_did_not_read_keeps_its_setup():
-    model, read, other = Plain(), _CountingData(), _CountingData()
+    model = Plain()
+    read = _CountingData()
+    other = _CountingData()
     plan = autotune(model, read, candidates=[], methods=[], cache=False, budget_s=2.0, accelerator="cpu", max_steps=2)
     plan.apply(model, other)
     assert "setup" not in vars(other) and not any("reuses" in n for n in plan.notes)
-    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(model, datamodule=other)
     assert other.calls == ["fit"]

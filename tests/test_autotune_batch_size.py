@@ -96,7 +96,8 @@ def test_the_bar_stays_at_the_bound_where_the_lr_cannot_follow_or_nothing_is_mea
 def test_the_noise_scale_is_measured_on_the_users_batches(monkeypatch):
     machine = FakeMachine({"x2": 0.4, "x4": 1.0})
     _patched(monkeypatch, machine)
-    model, loader = DemoClassifier(width=4), _loader(n=64)
+    model = DemoClassifier(width=4)
+    loader = _loader(n=64)
     rng = torch.get_rng_state()
     plan = autotune(
         model,

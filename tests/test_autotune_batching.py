@@ -26,10 +26,18 @@ class _LongTail(Dataset):
 
     def __init__(self, n: int = 64, same: int | None = None) -> None:
         g = torch.Generator().manual_seed(0)
-        lengths = [same or (int(torch.randint(96, MAX_LEN + 1, (1,), generator=g)) if i % 8 == 7 else
-                            int(torch.randint(4, 13, (1,), generator=g))) for i in range(n)]  # fmt: skip
-        self.samples = [(torch.randint(1, 50, (n_,), generator=g), int(torch.randint(0, 4, (1,), generator=g)))
-                        for n_ in lengths]  # fmt: skip
+        lengths = [
+            same
+            or (
+                int(torch.randint(96, MAX_LEN + 1, (1,), generator=g))
+                if i % 8 == 7
+                else int(torch.randint(4, 13, (1,), generator=g))
+            )
+            for i in range(n)
+        ]
+        self.samples = [
+            (torch.randint(1, 50, (n_,), generator=g), int(torch.randint(0, 4, (1,), generator=g))) for n_ in lengths
+        ]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -56,7 +64,8 @@ class _Classifier(L.LightningModule):
         self.head = nn.Linear(16, 4)
 
     def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
-        x, y = batch[0], batch[1]
+        x = batch[0]
+        y = batch[1]
         return nn.functional.cross_entropy(self.head(self.encoder(self.embed(x)).mean(1)), y)
 
     def configure_optimizers(self):  # noqa: ANN201
@@ -69,8 +78,16 @@ def _tokens(**kw) -> DataLoader:
 
 def _tune(loader: DataLoader, model: L.LightningModule | None = None, **kw):
     kw = {"cache": False, **kw}
-    return autotune(model or _Classifier(), loader, candidates=["batching"], methods=[], budget_s=120.0,
-                    accelerator="cpu", max_epochs=1, **kw)  # fmt: skip
+    return autotune(
+        model or _Classifier(),
+        loader,
+        candidates=["batching"],
+        methods=[],
+        budget_s=120.0,
+        accelerator="cpu",
+        max_epochs=1,
+        **kw,
+    )
 
 
 def _batchings(plan) -> list[str]:  # noqa: ANN001
@@ -99,9 +116,16 @@ def test_a_cached_batching_plan_fits_with_its_sequence_batching(tmp_path):
     plan = _tune(_tokens(), cache=True, cache_dir=tmp_path)
     assert plan.from_cache and _batchings(plan) == ["token_budget"]
     callbacks, kwargs = plan
-    trainer = L.Trainer(callbacks=callbacks, **kwargs, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, limit_train_batches=2,
-                        default_root_dir=tmp_path)  # fmt: skip
+    trainer = L.Trainer(
+        callbacks=callbacks,
+        **kwargs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_train_batches=2,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(_Classifier(), train_dataloaders=_tokens())
     (cb,) = [c for c in trainer.callbacks if isinstance(c, SequenceBatching)]
     assert cb.chosen == "token_budget" and trainer.global_step == 2
@@ -116,8 +140,10 @@ def test_token_data_the_plan_cannot_rebatch_is_noted():
     data = _LongTail()
     loader = DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(range(32)), collate_fn=_pad_to_max)
     plan = _tune(loader)
-    assert plan.choices == [] and any(n.startswith("batching not tried: `train_dataloaders` has a custom sampler "
-                                                   "(SubsetRandomSampler)") for n in plan.notes)  # fmt: skip
+    assert plan.choices == [] and any(
+        n.startswith("batching not tried: `train_dataloaders` has a custom sampler (SubsetRandomSampler)")
+        for n in plan.notes
+    )
 
 
 def test_token_data_of_one_length_is_not_timed():
@@ -147,8 +173,10 @@ def test_a_collate_that_does_more_than_pad_batches_the_timed_batches_too():
     plan = _tune(loader, model=_DictClassifier())
     (choice,) = plan.choices
     assert choice.name == "batching" and not any("failed" in n for n in plan.notes)
-    assert "the new batches go through your collate_fn, which does more than pad (its batch is a dict where " \
-           "padding gives a tuple)" in choice.note  # fmt: skip
+    assert (
+        "the new batches go through your collate_fn, which does more than pad (its batch is a dict where "
+        "padding gives a tuple)" in choice.note
+    )
 
 
 def test_a_collate_that_does_more_than_pad_to_one_width_is_not_timed():

@@ -47,7 +47,8 @@ def test_precision_is_timed_in_the_fit_by_default_on_a_run_long_enough_for_it(mo
     assert "other candidates are timed in fp32" in plan.choices[0].note
     (trial,) = [cb for cb in plan.callbacks if isinstance(cb, PrecisionTrial)]
     assert plan.gain == pytest.approx(2.0, rel=0.2)  # channels_last's; bf16 not decided yet
-    trial.kept, trial.ratio = "bf16-mixed", (1.2, 1.3, 1.4)
+    trial.kept = "bf16-mixed"
+    trial.ratio = (1.2, 1.3, 1.4)
     assert plan.gain == pytest.approx(2.0 * 1.3, rel=0.2)
     # offline where the in-fit trial cannot time every option or pay its steps: a short run, or no_bf16
     short = _fake_tune(monkeypatch, FakeMachine({"bf16-mixed": 0.5}), ["precision"], budget_s=60.0, max_steps=40)
@@ -70,7 +71,9 @@ def test_the_fits_precision_decision_is_cached_and_a_later_run_starts_in_it(monk
     assert again.from_cache and again.trainer_kwargs["precision"] == "32-true"
     (trial,) = [cb for cb in again.callbacks if isinstance(cb, PrecisionTrial)]
     assert isinstance(trial.on_decision, InFitRecord) and isinstance(first.callbacks[0].on_decision, InFitRecord)
-    trial.kept, trial.ratio, trial.note = "bf16-mixed", (1.2, 1.3, 1.4), "kept bf16-mixed: 1.30x faster per step"
+    trial.kept = "bf16-mixed"
+    trial.ratio = (1.2, 1.3, 1.4)
+    trial.note = "kept bf16-mixed: 1.30x faster per step"
     trial.times = {"32-true": [1.0] * 3, "bf16-mixed": [0.77] * 3}
     trial.on_decision(trial)  # what the fit's rank 0 does once it decides
     decided = autotune(DemoClassifier(width=4), _loader(), **kw)
@@ -142,23 +145,33 @@ def test_a_run_too_short_to_measure_says_so_once_with_the_budget_it_needs_and_ad
     assert note.startswith("nothing measured: the run is too short for one comparison; ")
     # what could not be tried anyway says its own reason, not the budget's
     assert "precision, data, compile not tried" in note
-    assert any(n.startswith("batch_size not tried by default: a larger batch changes the optimisation")
-               for n in plan.notes)  # fmt: skip
+    assert any(
+        n.startswith("batch_size not tried by default: a larger batch changes the optimisation") for n in plan.notes
+    )
     assert "channels_last not tried: no 4-D input or no Conv2d" in plan.notes
     assert any(n.startswith("fused/foreach optimizer not tried: `_Encoder.configure_optimizers`") for n in plan.notes)
     assert "(0.00s of 0.10s, 5% of a planned run of about 2.0s)" in note
     fits = float(re.search(r"at least (\d+\.\d)s to measure precision", note).group(1))
     assert fits == pytest.approx(4.0 + COMPARISON_STEPS, abs=1.5)
-    assert any(n.startswith("ema, schedule not added: no evidence for this model kind (transformer)")
-               for n in plan.notes)  # fmt: skip
+    assert any(
+        n.startswith("ema, schedule not added: no evidence for this model kind (transformer)") for n in plan.notes
+    )
     assert "[6, 6, 7, 5]" not in plan.to_text() and "digits" not in plan.to_text()
 
 
 def test_a_too_short_run_of_a_conv_model_keeps_the_methods_it_names(monkeypatch):
     machine = FakeMachine({})
     _patched(monkeypatch, machine)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision"], cache=False, clock=machine.clock,
-                    accelerator="cpu", max_epochs=1, methods=["schedule"])  # fmt: skip
+    plan = autotune(
+        DemoClassifier(width=4),
+        _loader(),
+        candidates=["precision"],
+        cache=False,
+        clock=machine.clock,
+        accelerator="cpu",
+        max_epochs=1,
+        methods=["schedule"],
+    )
     assert plan.notes[0].startswith("nothing measured: ")
     assert [c.name for c in plan.choices] == ["schedule"] and isinstance(plan.callbacks[0], FastSchedule)
     assert not any("not added" in n for n in plan.notes)
@@ -171,8 +184,10 @@ def test_the_budget_note_lists_each_candidates_need_when_they_differ():
     assert "(at least 8.5s to measure channels_last)" in note
     # each came up with a different amount left (the expensive batching first, then a cheaper one after a trial)
     note = budget_note([Skipped("batching", 4.0, 11.0), Skipped("data", 1.0, 3.5)], 6.0, 120.0, True)
-    assert "trial budget (of 6.00s, 5% of a planned run of about 120.0s; when each came up: batching 4.00s; " \
-           "data 1.00s) is below what one decision needs (batching 11.00s; data 3.50s)" in note
+    assert (
+        "trial budget (of 6.00s, 5% of a planned run of about 120.0s; when each came up: batching 4.00s; "
+        "data 1.00s) is below what one decision needs (batching 11.00s; data 3.50s)" in note
+    )
     assert "(at least 8.5s to measure data)" in note
 
 
@@ -181,8 +196,9 @@ def test_a_cached_plan_that_skipped_candidates_is_measured_again_with_a_larger_b
     # whose budget left candidates out is only reused by a call that gives no more time than it had
     machine = FakeMachine({"32-true": 0.5, "bf16-mixed": 0.25})
     _patched(monkeypatch, machine)
-    kw = dict(candidates=["precision", "channels_last"], methods=[], cache_dir=tmp_path, clock=machine.clock,
-              max_epochs=1)  # fmt: skip
+    kw = dict(
+        candidates=["precision", "channels_last"], methods=[], cache_dir=tmp_path, clock=machine.clock, max_epochs=1
+    )
     small = autotune(DemoClassifier(width=4), _loader(), budget_s=3.0, **kw)
     assert any("channels_last not tried: what was left" in n for n in small.notes)
     assert any("a larger `budget_s` measures again" in n for n in small.notes)
@@ -230,7 +246,15 @@ def test_precision_is_not_tried_on_a_cpu_without_bf16_units(monkeypatch):
     machine = FakeMachine({"bf16-mixed": 0.5})
     _patched(monkeypatch, machine)
     monkeypatch.setattr(_peak, "cpu_bf16_units", lambda: None)
-    plan = autotune(DemoClassifier(width=4), _loader(), candidates=["precision"], methods=[], cache=False,
-                    clock=machine.clock, budget_s=2.5, max_steps=240)  # fmt: skip
+    plan = autotune(
+        DemoClassifier(width=4),
+        _loader(),
+        candidates=["precision"],
+        methods=[],
+        cache=False,
+        clock=machine.clock,
+        budget_s=2.5,
+        max_steps=240,
+    )
     assert plan.choices == [] and plan.callbacks == [] and machine.calls == 4  # the sizing steps only
     assert any(n.startswith("precision not tried: this CPU has no bf16 units") for n in plan.notes)

@@ -38,7 +38,8 @@ class _TokenClassifier(L.LightningModule):
         return self.head(h.mean(1))
 
     def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
-        x, y = batch[0], batch[1]
+        x = batch[0]
+        y = batch[1]
         return nn.functional.cross_entropy(self(x), y)
 
     def configure_optimizers(self):  # noqa: ANN201
@@ -47,8 +48,10 @@ class _TokenClassifier(L.LightningModule):
 
 def _tokens(n: int = 32, length: int = 12, batch_size: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randint(0, 50, (n, length), generator=g),
-                                    torch.randint(0, 4, (n,), generator=g)), batch_size=batch_size)  # fmt: skip
+    return DataLoader(
+        TensorDataset(torch.randint(0, 50, (n, length), generator=g), torch.randint(0, 4, (n,), generator=g)),
+        batch_size=batch_size,
+    )
 
 
 class _CausalSelfAttention(nn.Module):
@@ -119,20 +122,27 @@ def test_a_method_is_default_only_where_it_helped_and_slowed_no_task_of_the_kind
 def test_one_task_where_a_method_hurt_removes_its_kind_and_a_new_kind_joins_on_a_gain(monkeypatch):
     from lightning_speedups.autotune import kinds
 
-    rows = (kinds.Evidence("ema", "mlp", "a", "m", "3", "2", "held_out"),
-            kinds.Evidence("ema", "conv", "b", "m", "3", "2"),
-            kinds.Evidence("ema", "conv", "c", "m", "3", "4", "held_out", helps=False))  # fmt: skip
+    rows = (
+        kinds.Evidence("ema", "mlp", "a", "m", "3", "2", "held_out"),
+        kinds.Evidence("ema", "conv", "b", "m", "3", "2"),
+        kinds.Evidence("ema", "conv", "c", "m", "3", "4", "held_out", helps=False),
+    )
     monkeypatch.setattr(kinds, "EVIDENCE", rows)
     assert proven_kinds("ema") == ("mlp",) and proven_kinds("schedule") == ()
-    assert plan_methods(None, "mlp") == (["ema"], "schedule not added: no evidence for this model kind (mlp): "
-                                         "schedule is in the default plan of no model kind; a few trial steps cannot "
-                                         "time a gain in epochs. HINT: pass `methods=['ema', 'schedule']` to add it "
-                                         "anyway.")  # fmt: skip
+    assert plan_methods(None, "mlp") == (
+        ["ema"],
+        "schedule not added: no evidence for this model kind (mlp): "
+        "schedule is in the default plan of no model kind; a few trial steps cannot "
+        "time a gain in epochs. HINT: pass `methods=['ema', 'schedule']` to add it "
+        "anyway.",
+    )
     kept, note = plan_methods(None, "conv")
     assert kept == []
-    assert note.startswith("ema, schedule not added: no evidence for this model kind (conv): schedule is in the "
-                           "default plan of no model kind; ema made a conv task slower to its target (c), so no conv "
-                           "model gets it by default (do no harm);")  # fmt: skip
+    assert note.startswith(
+        "ema, schedule not added: no evidence for this model kind (conv): schedule is in the "
+        "default plan of no model kind; ema made a conv task slower to its target (c), so no conv "
+        "model gets it by default (do no harm);"
+    )
     assert plan_methods(["ema"], "conv") == (["ema"], None)  # named: added, whatever the evidence
 
 
@@ -145,9 +155,11 @@ def test_no_method_by_default_for_a_model_kind_without_evidence(body, kind):
     plan = _plan(_TokenClassifier(body), _tokens())
     assert plan.choices == [] and plan.callbacks == [] and "ema" not in plan.settings
     notes = [n for n in plan.notes if "not added" in n]
-    assert notes == [f"ema, schedule not added: no evidence for this model kind ({kind}): ema is in the default plan "
-                     "of no model kind, schedule is in the default plan of no model kind; a few trial steps cannot "
-                     "time a gain in epochs. HINT: pass `methods=['ema', 'schedule']` to add them anyway."]  # fmt: skip
+    assert notes == [
+        f"ema, schedule not added: no evidence for this model kind ({kind}): ema is in the default plan "
+        "of no model kind, schedule is in the default plan of no model kind; a few trial steps cannot "
+        "time a gain in epochs. HINT: pass `methods=['ema', 'schedule']` to add them anyway."
+    ]
     text = plan.to_text()
     assert "[6, 6, 7, 5]" not in text and "digits" not in text and "shapes" not in text
 
@@ -169,9 +181,11 @@ def test_a_conv_model_gets_the_methods_only_when_named():
     plan = _plan(DemoClassifier(width=4), _image_loader())
     assert plan.choices == [] and plan.callbacks == []
     (note,) = [n for n in plan.notes if "not added" in n]
-    assert note.startswith("ema, schedule not added: ema made a conv task slower to its target (segment_unet), so no "
-                           "conv model gets it by default (do no harm); schedule made a conv task slower to its target "
-                           "(resnet18_cifar)")  # fmt: skip
+    assert note.startswith(
+        "ema, schedule not added: ema made a conv task slower to its target (segment_unet), so no "
+        "conv model gets it by default (do no harm); schedule made a conv task slower to its target "
+        "(resnet18_cifar)"
+    )
     named = _plan(DemoClassifier(width=4), _image_loader(), methods=["ema", "schedule"])
     assert [type(cb) for cb in named.callbacks] == [EMA, FastSchedule]
     ema_note = named.choices[0].note
@@ -200,7 +214,8 @@ def test_model_kind_from_one_forward_when_the_source_cannot_be_read():
     from tests.lm_models import exec_classes
 
     built = exec_classes()  # classes built by `exec`: inspect.getsource fails, no attention in any name
-    gpt, mlp = built["ExecGPT"](), built["ExecMLP"]()
+    gpt = built["ExecGPT"]()
+    mlp = built["ExecMLP"]()
     batch = next(iter(_windows()))
     assert model_kind(gpt) == "mlp"  # nothing to read and no batch: the module rules only
     gpt.train()

@@ -19,13 +19,22 @@ from lightning_speedups.demo import DemoClassifier
 
 def _loader(n: int = 32, batch_size: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
-                      batch_size=batch_size)  # fmt: skip
+    return DataLoader(
+        TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
+        batch_size=batch_size,
+    )
 
 
 def _plan(**kw):
-    return autotune(DemoClassifier(width=4), _loader(), candidates=[], budget_s=5.0, accelerator="cpu",
-                    max_epochs=1, **{"cache": False, **kw})  # fmt: skip
+    return autotune(
+        DemoClassifier(width=4),
+        _loader(),
+        candidates=[],
+        budget_s=5.0,
+        accelerator="cpu",
+        max_epochs=1,
+        **{"cache": False, **kw},
+    )
 
 
 def test_ema_named_in_methods_is_added_with_its_measured_cost():
@@ -43,8 +52,9 @@ def test_ema_named_in_methods_is_added_with_its_measured_cost():
 def test_ema_left_out_where_the_run_cannot_take_it():
     plan = _plan(methods=["ema"], callbacks=[StochasticWeightAveraging(swa_lrs=1e-2)])
     assert plan.choices == [] and not any(isinstance(cb, EMA) for cb in plan.callbacks)
-    assert any("ema not added: the Trainer already averages weights (StochasticWeightAveraging)" in n
-               for n in plan.notes)  # fmt: skip
+    assert any(
+        "ema not added: the Trainer already averages weights (StochasticWeightAveraging)" in n for n in plan.notes
+    )
     assert "sharded" in ema_blocker({"strategy": "fsdp"}) and ema_blocker({"strategy": "ddp_spawn"}) is None
     assert ema_blocker({"callbacks": [EMA()]}).startswith("the Trainer already averages weights (EMA)")
 
@@ -65,20 +75,27 @@ def test_cached_plan_rebuilds_the_ema_and_methods_are_in_the_key(tmp_path):
     without = _plan(cache=True, cache_dir=tmp_path, methods=[])
     assert not without.from_cache and without.callbacks == []
     # a cached plan meets a run that now has its own averaging callback: the EMA is left out, with a note
-    swa = _plan(cache=True, cache_dir=tmp_path, methods=["ema"],
-                callbacks=[StochasticWeightAveraging(swa_lrs=1e-2)])
+    swa = _plan(cache=True, cache_dir=tmp_path, methods=["ema"], callbacks=[StochasticWeightAveraging(swa_lrs=1e-2)])
     assert swa.from_cache and swa.callbacks == [] and any("ema not added" in n for n in swa.notes)
 
 
 def test_fit_with_the_plan_validates_and_ends_on_the_average(tmp_path):
     L.seed_everything(0)
     model = DemoClassifier(width=4)
-    plan = autotune(model, _loader(), candidates=[], methods=["ema"], budget_s=5.0, cache=False, accelerator="cpu",
-                    max_epochs=2)
+    plan = autotune(
+        model, _loader(), candidates=[], methods=["ema"], budget_s=5.0, cache=False, accelerator="cpu", max_epochs=2
+    )
     plan.apply(model)
     callbacks, kwargs = plan
-    trainer = L.Trainer(callbacks=callbacks, **kwargs, default_root_dir=tmp_path, logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=3)  # fmt: skip
+    trainer = L.Trainer(
+        callbacks=callbacks,
+        **kwargs,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=3,
+    )
     trainer.fit(model, train_dataloaders=_loader(), val_dataloaders=_loader(n=16))
     assert sum(isinstance(cb, EMA) for cb in trainer.callbacks) == 1
     trainer.save_checkpoint(tmp_path / "end.ckpt")

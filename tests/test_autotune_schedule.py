@@ -24,8 +24,10 @@ STEPS_PER_EPOCH = 8
 
 def _loader(n: int = 8 * STEPS_PER_EPOCH, batch_size: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
-                      batch_size=batch_size)  # fmt: skip
+    return DataLoader(
+        TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
+        batch_size=batch_size,
+    )
 
 
 def _plan(model: L.LightningModule | None = None, **kw):
@@ -91,26 +93,50 @@ def test_schedule_warmup_is_a_quarter_epoch_at_most_five_percent():
         (lambda: DemoClassifier(width=4, scheduler_config=SchedulerConfig("step")), {}, "already returns an LR"),
         # asked with a stand-in for the planned run (autotune.optim.PlannedRun), as the trials' optimizer is
         (lambda: _Plain("needs_trainer"), {}, "`_Plain.configure_optimizers` already returns an LR scheduler"),
-        (lambda: _Plain("reads_datamodule"), {}, "could not check whether it returns a scheduler: "
-                                                  "`configure_optimizers` cannot run outside a fit (AttributeError: "
-                                                  "'PlannedRun' object has no attribute 'datamodule')"),
-        (lambda: _Plain("sgd"), {}, "its evidence is for Adam-type optimizers (Adam, AdamW, NAdam, RAdam, Adamax), "
-                                     "and `configure_optimizers` returns SGD, whose learning rate is kept"),
+        (
+            lambda: _Plain("reads_datamodule"),
+            {},
+            "could not check whether it returns a scheduler: "
+            "`configure_optimizers` cannot run outside a fit (AttributeError: "
+            "'PlannedRun' object has no attribute 'datamodule')",
+        ),
+        (
+            lambda: _Plain("sgd"),
+            {},
+            "its evidence is for Adam-type optimizers (Adam, AdamW, NAdam, RAdam, Adamax), "
+            "and `configure_optimizers` returns SGD, whose learning rate is kept",
+        ),
         (lambda: DemoClassifier(width=4, optimizer_config={"name": "sgd", "lr": 0.1}), {}, "returns SGD"),
         (lambda: _Plain(), {"max_epochs": -1}, "the run has no planned length (pass max_epochs or max_steps)"),
         (lambda: _Plain(), {"max_epochs": None}, "the run has no planned length"),
-        (lambda: _Plain(), {"callbacks": [FastSchedule()]}, "already has a callback that sets the learning rate "
-                                                              "(FastSchedule)"),
+        (
+            lambda: _Plain(),
+            {"callbacks": [FastSchedule()]},
+            "already has a callback that sets the learning rate (FastSchedule)",
+        ),
         (lambda: _Plain(), {"callbacks": [StochasticWeightAveraging(swa_lrs=1e-2)]}, "(StochasticWeightAveraging)"),
         (lambda: _Plain(), {"callbacks": [LRFinder()]}, "sets the learning rate (LRFinder)"),
     ],
-    ids=["lists", "dict", "mixin-scheduler", "needs-trainer", "reads-datamodule", "sgd", "mixin-sgd", "unbounded",
-         "no-max-epochs", "fast-schedule", "swa", "lr-finder"],
+    ids=[
+        "lists",
+        "dict",
+        "mixin-scheduler",
+        "needs-trainer",
+        "reads-datamodule",
+        "sgd",
+        "mixin-sgd",
+        "unbounded",
+        "no-max-epochs",
+        "fast-schedule",
+        "swa",
+        "lr-finder",
+    ],
 )
 def test_schedule_left_out_where_fast_schedule_cannot_run(build, kwargs, why):
     plan = _plan(build(), **kwargs)
-    assert plan.choices == [] and not any(isinstance(cb, FastSchedule) and cb not in kwargs.get("callbacks", [])
-                                          for cb in plan.callbacks)  # fmt: skip
+    assert plan.choices == [] and not any(
+        isinstance(cb, FastSchedule) and cb not in kwargs.get("callbacks", []) for cb in plan.callbacks
+    )
     assert any(n.startswith("schedule not added: ") and why in n for n in plan.notes), plan.notes
 
 
@@ -127,8 +153,13 @@ def test_returns_scheduler_reads_every_return_form():
     plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
     without = [opt, [opt], (opt,), {"optimizer": opt}, {"optimizer": opt, "lr_scheduler": None}, ([opt], []), None]
     monitored = [{"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}]
-    with_one = [([opt], [sched]), {"optimizer": opt, "lr_scheduler": sched}, monitored, ([opt], [{"scheduler": sched}]),
-                [opt, sched]]  # fmt: skip
+    with_one = [
+        ([opt], [sched]),
+        {"optimizer": opt, "lr_scheduler": sched},
+        monitored,
+        ([opt], [{"scheduler": sched}]),
+        [opt, sched],
+    ]
     assert not any(_returns_scheduler(c) for c in without)
     assert all(_returns_scheduler(c) for c in with_one)
 
@@ -147,8 +178,9 @@ def test_cached_plan_rebuilds_the_schedule_and_rechecks_the_model(tmp_path):
     assert again.from_cache and [type(cb) for cb in again.callbacks] == [FastSchedule]
     assert again.choices[0].as_dict() == first.choices[0].as_dict()
     unbounded = _plan(cache=True, cache_dir=tmp_path, max_epochs=-1)  # the same key, a run the schedule cannot take
-    assert unbounded.from_cache and unbounded.callbacks == [] and any("schedule not added" in n for n in
-                                                                      unbounded.notes)  # fmt: skip
+    assert (
+        unbounded.from_cache and unbounded.callbacks == [] and any("schedule not added" in n for n in unbounded.notes)
+    )
 
 
 class _LRs(L.Callback):
@@ -176,19 +208,25 @@ def _fit(root, ckpt_path: str | None = None, stop_after: int | None = None) -> t
     callbacks, kwargs = plan
     lrs = _LRs()
     stop = [_StopAfter(stop_after)] if stop_after is not None else []
-    trainer = L.Trainer(callbacks=[*callbacks, lrs, *stop, ModelCheckpoint(dirpath=root, save_last=True)], **kwargs,
-                        default_root_dir=root, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)  # fmt: skip
+    trainer = L.Trainer(
+        callbacks=[*callbacks, lrs, *stop, ModelCheckpoint(dirpath=root, save_last=True)],
+        **kwargs,
+        default_root_dir=root,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, train_dataloaders=_loader(), ckpt_path=ckpt_path)
     return lrs, model
 
 
 def test_fit_follows_warmup_peak_and_linear_decay_and_a_resume_continues_it(tmp_path):
     whole, model_whole = _fit(tmp_path / "whole")
-    total, warm = 4 * STEPS_PER_EPOCH, round(0.05 * 4 * STEPS_PER_EPOCH)  # a quarter epoch is 6%: capped at 5%
+    total = 4 * STEPS_PER_EPOCH
+    warm = round(0.05 * 4 * STEPS_PER_EPOCH)  # a quarter epoch is 6%: capped at 5%
     assert len(whole.lrs) == total and whole.lrs[0] < 3e-3
     assert max(whole.lrs) == pytest.approx(3e-3) and whole.lrs[warm] == pytest.approx(3e-3)
-    assert all(a > b for a, b in zip(whole.lrs[warm:], whole.lrs[warm + 1:]))  # linear decay to the end
+    assert all(a > b for a, b in zip(whole.lrs[warm:], whole.lrs[warm + 1 :]))  # linear decay to the end
     assert whole.lrs[-1] == pytest.approx(3e-3 * (1 - (total - 1 - warm) / (total - warm)))
     # stopped after 2 of the 4 planned epochs, then resumed from the checkpoint: the same curve and the same weights
     first, _ = _fit(tmp_path / "legs", stop_after=1)
@@ -196,6 +234,6 @@ def test_fit_follows_warmup_peak_and_linear_decay_and_a_resume_continues_it(tmp_
     ckpt = torch.load(tmp_path / "legs" / "last.ckpt", weights_only=True)  # plain data: the factor is saved as a dict
     assert ckpt["lr_schedulers"][0]["last_epoch"] == 2 * STEPS_PER_EPOCH
     resumed, model_resumed = _fit(tmp_path / "legs", ckpt_path=str(tmp_path / "legs" / "last.ckpt"))
-    assert resumed.lrs == pytest.approx(whole.lrs[2 * STEPS_PER_EPOCH:])
+    assert resumed.lrs == pytest.approx(whole.lrs[2 * STEPS_PER_EPOCH :])
     for k, v in model_whole.state_dict().items():
         assert torch.allclose(v, model_resumed.state_dict()[k], atol=1e-6), k

@@ -102,15 +102,25 @@ def test_bench_table_says_no_speedup_once_and_never_beside_a_gain():
     from lightning_speedups.benchmarks._common import BenchRow
     from lightning_speedups.benchmarks.runner import _table_rows
 
-    rows = [BenchRow("optim", "a", "m", 1.0, 1.0, 1.02, note=""),
-            BenchRow("optim", "b", "m", 1.0, 1.0, 0.9, note="no speedup (masks keep dense kernels); x"),
-            BenchRow("optim", "c", "m", 1.0, 1.0, 1.5, note="fused kernel faster"),
-            BenchRow("finetune", "d", "m", float("nan"), float("nan"), float("nan"), note="target not reached")]
+    rows = [
+        BenchRow("optim", "a", "m", 1.0, 1.0, 1.02, note=""),
+        BenchRow("optim", "b", "m", 1.0, 1.0, 0.9, note="no speedup (masks keep dense kernels); x"),
+        BenchRow("optim", "c", "m", 1.0, 1.0, 1.5, note="fused kernel faster"),
+        BenchRow("finetune", "d", "m", float("nan"), float("nan"), float("nan"), note="target not reached"),
+    ]
     notes = [r[-1] for r in _table_rows(rows)]
     assert notes[0] == "no speedup" and notes[1].count("no speedup") == 1
     assert notes[2] == "fused kernel faster" and "not reached" in notes[3] and "no speedup" not in notes[3]
     assert _table_rows(rows)[3][3] == "not reached"
     # a choice scored against the best one (the batch-size finder's rows) is a quality ratio: no speedup verdict
-    quality = BenchRow("batch_size_finder", "e", "throughput", 1.0, 0.93, 0.93, note="target ratio >= 0.9",
-                       extra={"quality_ratio": True})
+    quality = BenchRow(
+        "batch_size_finder",
+        "e",
+        "throughput",
+        1.0,
+        0.93,
+        0.93,
+        note="target ratio >= 0.9",
+        extra={"quality_ratio": True},
+    )
     assert _table_rows([quality])[0][-1] == "target ratio >= 0.9"

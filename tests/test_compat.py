@@ -77,7 +77,10 @@ class _Probe(L.Callback):
     """Runs ``fn(trainer, pl_module[, batch])`` in one hook and records batch sizes the fit trained on."""
 
     def __init__(self, hook: str, fn: Callable[..., Any]) -> None:
-        self.hook, self.fn, self.out, self.sizes = hook, fn, None, []
+        self.hook = hook
+        self.fn = fn
+        self.out = None
+        self.sizes = []
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.hook == "setup":
@@ -110,7 +113,8 @@ def _fit(probe: _Probe, data: Any = None, **trainer_kwargs: Any) -> L.Trainer:
 
 
 def test_fit_source_instance() -> None:
-    loader, dm = _loader(), _TinyData()
+    loader = _loader()
+    dm = _TinyData()
     probe = _Probe("setup", lambda t, m: _call(_compat.fit_source_instance, t))
     _fit(probe, loader)
     _check(probe.out is loader, "fit_source_instance", "the loader passed to fit() is not the data source instance")

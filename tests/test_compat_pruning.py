@@ -89,8 +89,9 @@ def test_compat_torch_pruning_internals():
         )
     sliced: list[tuple[int, int]] = []
     with _compat.tp_on_param_slice(lambda old, new, idx, dim: sliced.append((old.shape[dim], new.shape[dim]))):
-        pruner = tp.pruner.BasePruner(model, x, importance=tp.importance.MagnitudeImportance(p=1),
-                                      pruning_ratio=0.5, ignored_layers=[model[2]])  # fmt: skip
+        pruner = tp.pruner.BasePruner(
+            model, x, importance=tp.importance.MagnitudeImportance(p=1), pruning_ratio=0.5, ignored_layers=[model[2]]
+        )
         assert _compat.tp_scope_channels(pruner) == {}  # raises with the reason when the dict is gone
         pruner.step()
         assert _compat.tp_scope_channels(pruner), "BasePruner no longer records the initial channels per scope"

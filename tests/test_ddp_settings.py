@@ -40,6 +40,7 @@ def test_ddp_fit_with_trainer_settings(tmp_path):
     assert kwargs["strategy"] == "ddp_spawn" and kwargs["devices"] == 2
     trainer = L.Trainer(callbacks=[_Record(str(tmp_path))], **kwargs)
     trainer.fit(DemoClassifier(width=8), DigitsDataModule(batch_size=16))
-    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    r0 = torch.load(tmp_path / "rank0.pt")
+    r1 = torch.load(tmp_path / "rank1.pt")
     assert (r0["world"], r1["world"]) == (2, 2)
     assert torch.equal(r0["params"], r1["params"])  # DDP kept both ranks' weights identical

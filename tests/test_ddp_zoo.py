@@ -62,7 +62,8 @@ CASES = {
 
 def _loader() -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 4, (16,), generator=g)
+    x = torch.randn(16, 3, 32, 32, generator=g)
+    y = torch.randint(0, 4, (16,), generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=4)
 
 
@@ -80,8 +81,9 @@ def _assert_ranks_identical(tmp_path) -> dict[str, torch.Tensor]:
 
 def _ddp_fit(tmp_path, case: str, epochs: int, ckpt_path=None) -> dict[str, torch.Tensor]:
     arch, make = CASES[case]
-    trainer = quiet_trainer(devices=2, strategy="ddp_spawn", max_epochs=epochs,
-                            callbacks=[make(), SaveRanks(str(tmp_path))])  # fmt: skip
+    trainer = quiet_trainer(
+        devices=2, strategy="ddp_spawn", max_epochs=epochs, callbacks=[make(), SaveRanks(str(tmp_path))]
+    )
     trainer.fit(Plain(arch), _loader(), ckpt_path=ckpt_path)
     return _assert_ranks_identical(tmp_path)
 

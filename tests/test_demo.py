@@ -35,7 +35,8 @@ def test_digits_class_subset_relabels():
 
 
 def test_shapes_dataset_deterministic_and_learnable():
-    a, b = ShapesDataset(n=64, seed=7), ShapesDataset(n=64, seed=7)
+    a = ShapesDataset(n=64, seed=7)
+    b = ShapesDataset(n=64, seed=7)
     assert torch.equal(a.images, b.images) and a.images.shape == (64, 3, 32, 32)
     assert not torch.equal(a.images, ShapesDataset(n=64, seed=8).images)
 
@@ -70,7 +71,8 @@ def test_shapes_datamodule_noise():
     from lightning_speedups import SpeedupConfigError
     from lightning_speedups.demo import ShapesDataModule
 
-    quiet, noisy = ShapesDataModule(n_train=64, n_val=16), ShapesDataModule(n_train=64, n_val=16, noise=0.6)
+    quiet = ShapesDataModule(n_train=64, n_val=16)
+    noisy = ShapesDataModule(n_train=64, n_val=16, noise=0.6)
     quiet.setup("fit")
     noisy.setup("fit")
     assert torch.equal(quiet.train_labels, noisy.train_labels)  # same shapes, more pixel noise

@@ -78,8 +78,15 @@ def test_docs_build_has_every_page(site: Path) -> None:
     pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert f"notebooks/{nb.stem}.html" in pages, f"notebook {nb.name} is not rendered"
-    for must in ("index.html", "trainer_settings.html", "tested_architectures.html", "bench.html", "api.html",
-                 "evidence.html", "autotune.html"):  # fmt: skip
+    for must in (
+        "index.html",
+        "trainer_settings.html",
+        "tested_architectures.html",
+        "bench.html",
+        "api.html",
+        "evidence.html",
+        "autotune.html",
+    ):
         assert must in pages
     api = (site / "api.html").read_text(encoding="utf-8")
     missing = [n for n in ls.__all__ if f'title="lightning_speedups.{n}"' not in api and f">{n}<" not in api]

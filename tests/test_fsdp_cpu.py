@@ -46,7 +46,8 @@ class Net(L.LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
-        x, y = torch.randn(32, 3, 8, 8, generator=g), torch.randint(0, 4, (32,), generator=g)
+        x = torch.randn(32, 3, 8, 8, generator=g)
+        y = torch.randint(0, 4, (32,), generator=g)
         return DataLoader(TensorDataset(x, y), batch_size=4)
 
 
@@ -77,7 +78,8 @@ def test_sharded_strategy_refused_in_setup_naming_it(name):
     if name == "QuantizationAwareTraining":
         pytest.importorskip("torchao.quantization.qat")
     trainer = quiet_trainer(devices=2, strategy=CPUFSDPStrategy())
-    model, callback = Net(), REFUSERS[name]()
+    model = Net()
+    callback = REFUSERS[name]()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ls.SpeedupConfigError, match=r"`strategy`=CPUFSDPStrategy is not supported by") as err:
         callback.setup(trainer, model, "fit")
@@ -87,8 +89,13 @@ def test_sharded_strategy_refused_in_setup_naming_it(name):
 
 def test_fsdp_mask_pruning_refused_before_any_step(tmp_path):
     """The real 2-rank run: the refusal comes from setup() on the ranks (it crashed inside FSDP's flat parameters)."""
-    trainer = quiet_trainer(devices=2, strategy=CPUFSDPStrategy(), max_epochs=1, default_root_dir=tmp_path,
-                            callbacks=[REFUSERS["Pruning(mode='unstructured')"]()])  # fmt: skip
+    trainer = quiet_trainer(
+        devices=2,
+        strategy=CPUFSDPStrategy(),
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        callbacks=[REFUSERS["Pruning(mode='unstructured')"]()],
+    )
     with pytest.raises(Exception, match=r"not supported by Pruning\(mode='unstructured'\)"):
         trainer.fit(Net())
     assert trainer.global_step == 0
@@ -97,9 +104,13 @@ def test_fsdp_mask_pruning_refused_before_any_step(tmp_path):
 def _unfreezing_fit(root, model: Net, ckpt_path=None) -> None:
     total = sum(p.numel() for p in model.parameters())
     ckpt = ModelCheckpoint(dirpath=root, filename="{epoch}", save_top_k=-1)
-    trainer = quiet_trainer(devices=2, strategy=CPUFSDPStrategy(), max_epochs=2, enable_checkpointing=True,
-                            callbacks=[ls.FineTuneFreezing(backbone="backbone", unfreeze_at_epoch=1, verbose=False),
-                                       ckpt, Shards(total)])  # fmt: skip
+    trainer = quiet_trainer(
+        devices=2,
+        strategy=CPUFSDPStrategy(),
+        max_epochs=2,
+        enable_checkpointing=True,
+        callbacks=[ls.FineTuneFreezing(backbone="backbone", unfreeze_at_epoch=1, verbose=False), ckpt, Shards(total)],
+    )
     trainer.fit(model, ckpt_path=ckpt_path)
 
 

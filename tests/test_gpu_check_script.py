@@ -16,8 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
 def test_gpu_check_dry_run_writes_every_row(tmp_path):
-    rows = load_benchmark_script("gpu_check").main(["--dry-run", "--only", "steps,float8,data", "--out",
-                                                    str(tmp_path)])  # fmt: skip
+    rows = load_benchmark_script("gpu_check").main(["--dry-run", "--only", "steps,float8,data", "--out", str(tmp_path)])
     names = [r["row"] for r in rows]
     assert names == ["bf16", "channels_last", "compile", "float8", "device data"]
     timed = [r for r in rows if "ratio" in r]
@@ -43,8 +42,9 @@ def test_gpu_check_dry_run_sequence_and_fsdp_sections(tmp_path):
 
 
 def test_gpu_check_budget_skips_later_sections(tmp_path):
-    rows = load_benchmark_script("gpu_check").main(["--dry-run", "--only", "steps,data", "--budget-s", "1e-9",
-                                                    "--out", str(tmp_path)])  # fmt: skip
+    rows = load_benchmark_script("gpu_check").main(
+        ["--dry-run", "--only", "steps,data", "--budget-s", "1e-9", "--out", str(tmp_path)]
+    )
     assert rows[-1] == {"row": "data", "note": "skipped: the 0 s budget was spent", "section_s": 0.0}
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"][-1]["row"] == "data"
 

@@ -57,7 +57,8 @@ def test_training_step_loss_reads_the_loss_the_fit_would_and_names_a_step_withou
     class Step(nn.Module):
         def __init__(self, out: object) -> None:
             super().__init__()
-            self.lin, self.out = nn.Linear(2, 1), out
+            self.lin = nn.Linear(2, 1)
+            self.out = out
 
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> object:
             warnings.warn("You are trying to `self.log()` but the loop has no Trainer", stacklevel=2)

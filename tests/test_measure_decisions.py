@@ -13,7 +13,8 @@ from lightning_speedups.measure import compare, median_interval
 
 def _noisy(seed: int, costs: dict[str, float], jitter: float = 0.3, outlier_every: int = 5):
     """Callables that advance a simulated clock by cost * (1 +- jitter), with a 3x outlier one call in N."""
-    now, rng = [0.0], random.Random(seed)
+    now = [0.0]
+    rng = random.Random(seed)
 
     def clock() -> float:
         return now[0]

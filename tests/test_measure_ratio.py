@@ -39,7 +39,9 @@ def test_bf16_probe_decision_holds_under_noise(bf16_cost, want, noise):
     right = 0
     for seed in range(100):
         ratio = _bf16_decision(seed, bf16_cost, noise)
-        fast, slow = ratio > 1.3, ratio < 1.0  # `cpu_bf16_is_fast` / the "bf16 is slower" warning
+        # `cpu_bf16_is_fast` / the "bf16 is slower" warning
+        fast = ratio > 1.3
+        slow = ratio < 1.0
         right += {"bf16": fast, "fp32": not fast, "slow": slow and not fast}[want]
     assert right >= 95
 
@@ -97,7 +99,8 @@ def test_measured_ratio_is_conservative_and_carries_evidence():
 
 def _fake_steps(monkeypatch, seed: int, cost: dict[str, float], noise: str):
     """Replace the recipes' train steps with seeded simulated ones; returns the simulated clock."""
-    rng, now = random.Random(seed), [0.0]
+    rng = random.Random(seed)
+    now = [0.0]
     jitter, outlier_every = NOISE[noise]
 
     def make_train_step(model, x, y, autocast_dtype=None):
@@ -117,7 +120,8 @@ def _fake_steps(monkeypatch, seed: int, cost: dict[str, float], noise: str):
 
 @pytest.mark.parametrize("noise", list(NOISE))
 def test_recipe_layout_precision_probe_holds_under_noise(monkeypatch, noise):
-    model, example = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), torch.randn(1, 3, 8, 8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
+    example = torch.randn(1, 3, 8, 8)
     same = {"nchw+fp32": 0.02, "channels_last+fp32": 0.02, "nchw+bf16": 0.02, "channels_last+bf16": 0.02}
     faster_cl = {**same, "channels_last+fp32": 0.01, "channels_last+bf16": 0.04}
     conservative = picked_cl = 0

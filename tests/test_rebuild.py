@@ -46,7 +46,8 @@ class _Swap(L.Callback):
 
 def _loader():
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+    x = torch.randn(16, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (16,), generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=4)
 
 

@@ -20,6 +20,7 @@ from lightning_speedups import get_technique, list_techniques
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lightning_speedups"
 
+
 @lru_cache(maxsize=1)
 def _test_sources() -> dict[str, str]:
     return {str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "tests").rglob("test_*.py"))}

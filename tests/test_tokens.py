@@ -13,8 +13,10 @@ IDS = torch.tensor([[5, 6, 7, 8], [9, 4, 0, 0], [3, 0, 0, 0]])  # 7 real tokens 
 
 
 def test_count_tokens_dict_from_pad_collate():
-    samples = [{"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([5, 6, 7])},
-               {"input_ids": torch.tensor([8]), "labels": torch.tensor([8])}]
+    samples = [
+        {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([5, 6, 7])},
+        {"input_ids": torch.tensor([8]), "labels": torch.tensor([8])},
+    ]
     batch = pad_collate(multiple_of=4)(samples)
     c = count_tokens(batch)
     assert (c.tokens, c.padded, c.sequences, c.source) == (4, 8, 2, "attention_mask")

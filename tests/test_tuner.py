@@ -19,8 +19,9 @@ def test_find_batch_size_functional():
     model = DemoClassifier(width=8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = quiet_trainer(max_epochs=1)
-    result = find_batch_size(trainer, model, dm, mode="max_fit", init_val=16, max_val=64, steps_per_trial=1,
-                             warmup_steps=0, verbose=False)
+    result = find_batch_size(
+        trainer, model, dm, mode="max_fit", init_val=16, max_val=64, steps_per_trial=1, warmup_steps=0, verbose=False
+    )
     assert result.chosen == 64 and [t.batch_size for t in result.trials] == [16, 32, 64]
     assert all(t.samples_per_s > 0 and t.peak_memory > 0 for t in result.trials)
     assert dm.batch_size == 64 and dm.hparams.batch_size == 64
@@ -33,15 +34,24 @@ def test_find_batch_size_puts_the_trainers_callbacks_back():
     own = ThroughputBatchSizeFinder(init_val=16, max_val=16, verbose=False)
     trainer = quiet_trainer(max_epochs=1, callbacks=[own])
     saved = list(trainer.callbacks)
-    result = find_batch_size(trainer, DemoClassifier(width=8), DigitsDataModule(batch_size=8), init_val=16,
-                             max_val=32, steps_per_trial=1, warmup_steps=0, verbose=False)
+    result = find_batch_size(
+        trainer,
+        DemoClassifier(width=8),
+        DigitsDataModule(batch_size=8),
+        init_val=16,
+        max_val=32,
+        steps_per_trial=1,
+        warmup_steps=0,
+        verbose=False,
+    )
     assert [t.batch_size for t in result.trials] == [16, 32] and own.result is None  # the trainer's own finder sat out
     assert trainer.callbacks == saved and trainer.global_step == 0
 
 
 def test_exit_after_search_is_a_public_argument():
-    cb = ThroughputBatchSizeFinder(init_val=16, max_val=32, steps_per_trial=1, warmup_steps=0, verbose=False,
-                                   exit_after_search=True)
+    cb = ThroughputBatchSizeFinder(
+        init_val=16, max_val=32, steps_per_trial=1, warmup_steps=0, verbose=False, exit_after_search=True
+    )
     assert cb.exit_after_search is True and ThroughputBatchSizeFinder().exit_after_search is False
     dm = DigitsDataModule(batch_size=8)
     trainer = quiet_trainer(max_steps=5)

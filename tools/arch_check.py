@@ -1,11 +1,12 @@
-"""The package's structure checks, with a verdict: import circles, arrows up the layers, module sizes.
+"""The package's structure checks, with a verdict: import circles and arrows up the layers.
 
 Stdlib only; reads code, runs nothing. It prints, and exits 1 when there is an error:
 
 - an import circle between modules of the package (lazy imports inside functions count too);
-- an import that goes up the layers of ``ARCHITECTURE.md`` (``functional`` importing ``callbacks``, ...);
-- a module over 600 lines. A module over 400 lines is only a warning: split it where a natural seam is, never just to
-  get under a number.
+- an import that goes up the layers of ``ARCHITECTURE.md`` (``functional`` importing ``callbacks``, ...).
+
+It does not count lines: ``ruff format`` decides the layout, and a module is split where a natural seam is, never to
+meet a number.
 
 When the workspace's shared tool is there (``../shared/tools/arch_check.py`` next to the repository), its report is
 printed first: private framework names outside ``_compat.py``, runtime modules importing the benchmarks, long
@@ -23,22 +24,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "tools" / "arch_check.py"
-WARN_LINES, MAX_LINES = 400, 600
 
-# top-level module or package of lightning_speedups -> its layer in ARCHITECTURE.md (names starting with a prefix
-# listed here, such as `_measure`, share its layer); modules not listed are not checked for arrows up
-LAYERS: dict[str, int] = {
-    "_errors": 0, "_registry": 0, "_compat": 0, "_structure": 0, "_inputs": 0, "_rebuild": 0, "_settings_vocab": 0,
-    "_heads": 0,
-    "measure": 1, "_measure": 1, "_peak": 1,
-    "optim": 2, "data": 2, "demo": 2,
-    "functional": 3,
-    "settings": 4,
-    "callbacks": 5,
-    "recipes": 6, "_recipe": 6, "tuner": 6, "autotune": 6, "_autotune": 6,
-    "benchmarks": 7,
-    "cli": 8,
-}  # fmt: skip
+# the top-level modules and packages of lightning_speedups on each layer of ARCHITECTURE.md, from the bottom (names
+# starting with a prefix listed here, such as `_measure`, share its layer); modules not listed are not checked for
+# arrows up
+LAYER_MODULES: tuple[tuple[str, ...], ...] = (
+    ("_errors", "_registry", "_compat", "_structure", "_inputs", "_rebuild", "_settings_vocab", "_heads"),
+    ("measure", "_measure", "_peak"),
+    ("optim", "data", "demo"),
+    ("functional",),
+    ("settings",),
+    ("callbacks",),
+    ("recipes", "_recipe", "tuner", "autotune", "_autotune"),
+    ("benchmarks",),
+    ("cli",),
+)
+LAYERS: dict[str, int] = {name: layer for layer, names in enumerate(LAYER_MODULES) for name in names}
 
 
 def layer_of(module: str) -> int | None:
@@ -138,12 +139,6 @@ def arrows_up(graph: dict[str, set[str]]) -> list[str]:
     return out
 
 
-def module_sizes(package: Path) -> list[tuple[int, str]]:
-    """``(lines, path)`` of every module over ``WARN_LINES`` lines, longest first."""
-    sizes = [(len(p.read_text().splitlines()), str(p.relative_to(package.parent))) for p in package.rglob("*.py")]
-    return sorted((s for s in sizes if s[0] > WARN_LINES), reverse=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     package = Path(args[0] if args else ROOT / "lightning_speedups").resolve()
@@ -152,19 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         print(report.stdout.rstrip() + "\n")
     graph = import_graph(package)
     errors = 0
-    for title, items in (("import circles", [" <-> ".join(c) for c in circles(graph)]),
-                         ("imports up the layers", arrows_up(graph))):  # fmt: skip
+    for title, items in (
+        ("import circles", [" <-> ".join(c) for c in circles(graph)]),
+        ("imports up the layers", arrows_up(graph)),
+    ):
         print(f"{title}: {len(items)}")
         print("".join(f"  {item}\n" for item in items), end="")
         errors += len(items)
-    sizes = module_sizes(package)
-    too_big = [(n, p) for n, p in sizes if n > MAX_LINES]
-    print(f"modules over {MAX_LINES} lines (error): {len(too_big)}")
-    print("".join(f"  {p} {n}\n" for n, p in too_big), end="")
-    warn = [(n, p) for n, p in sizes if n <= MAX_LINES]
-    print(f"modules over {WARN_LINES} lines (warning: split at a seam if there is one): {len(warn)}")
-    print("".join(f"  {p} {n}\n" for n, p in warn), end="")
-    errors += len(too_big)
     print("arch_check: " + ("FAILED" if errors else "ok"))
     return 1 if errors else 0
 

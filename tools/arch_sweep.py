@@ -192,7 +192,9 @@ def _quantize(arch: str) -> dict[str, Any]:
 
     L.seed_everything(0, verbose=False)
     model = build(arch, seed=0).eval()
-    inputs, before, ref = model.fixed_inputs(), _snapshot(model), _outputs(model)
+    inputs = model.fixed_inputs()
+    before = _snapshot(model)
+    ref = _outputs(model)
     try:
         qmodel, report = ls.quantize_for_inference(model, inputs, repeats=2, budget_s=1.0)
     except ls.SpeedupConfigError as err:
@@ -329,8 +331,17 @@ def worker(row_name: str, techs: list[str], results: Path, progress: Path, timm_
         _free_memory()  # the cell's models, before the next one
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB (Linux); this cell or an earlier one
-        _append(results, {**base, "tech": tech, **rec, "seconds": round(time.time() - t0, 1), "at": at,
-                          "worker_peak_rss_mb": round(peak)})  # fmt: skip
+        _append(
+            results,
+            {
+                **base,
+                "tech": tech,
+                **rec,
+                "seconds": round(time.time() - t0, 1),
+                "at": at,
+                "worker_peak_rss_mb": round(peak),
+            },
+        )
 
 
 def _append(path: Path, rec: dict[str, Any]) -> None:
@@ -410,9 +421,14 @@ def _watch_worker(cmd: list[str], logf: Any, progress: Path, args: argparse.Name
     """
     group = _memory_cgroup(args.max_rss_mb) if args.max_rss_mb else None
     scratch = tempfile.mkdtemp(prefix="arch_sweep-worker-")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                            env={**os.environ, SCRATCH_ENV: scratch},
-                            preexec_fn=None if group is None else _joiner(group))  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, SCRATCH_ENV: scratch},
+        preexec_fn=None if group is None else _joiner(group),
+    )
     killed = None
     try:
         while killed is None and proc.poll() is None:
@@ -423,8 +439,11 @@ def _watch_worker(cmd: list[str], logf: Any, progress: Path, args: argparse.Name
             elif group is None and args.max_rss_mb and _rss_mb(proc.pid) > args.max_rss_mb:
                 killed = ("MemoryLimit", f"the worker grew past --max-rss-mb {args.max_rss_mb}")
         if killed is None and group is not None and proc.returncode == -signal.SIGKILL:
-            killed = ("MemoryLimit", f"the kernel stopped the worker at its memory cgroup's --max-rss-mb "
-                                     f"{args.max_rss_mb} (a machine with swap pages out instead)")  # fmt: skip
+            killed = (
+                "MemoryLimit",
+                f"the kernel stopped the worker at its memory cgroup's --max-rss-mb "
+                f"{args.max_rss_mb} (a machine with swap pages out instead)",
+            )
     finally:
         if proc.poll() is None:  # past a limit, or the parent was interrupted: the worker goes
             proc.kill()
@@ -447,15 +466,24 @@ def run_row(row: Any, techs: list[str], results: Path, args: argparse.Namespace)
     redo = {t for t in techs if (row.name, t) in first and _redo(first[(row.name, t)], args.redo, row)}
     runs = _record_counts(results)
     while True:
-        done, counts = load_results(results), _record_counts(results)
+        done = load_results(results)
+        counts = _record_counts(results)
         redo = {t for t in redo if counts[(row.name, t)] == runs[(row.name, t)]}  # not yet run again
         pending = [t for t in techs if (row.name, t) not in done or t in redo]
         if not pending:
             return
         progress = _progress_path(os.getpid())
         progress.unlink(missing_ok=True)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", row.name, "--techniques", *pending,
-               "--out", str(args.out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            row.name,
+            "--techniques",
+            *pending,
+            "--out",
+            str(args.out),
+        ]
         log = Path(tempfile.gettempdir()) / f"{results.stem}.worker.log"  # the workers' output, for debugging
         with log.open("a") as logf:
             logf.write(f"\n=== {row.name}: {' '.join(pending)}\n")
@@ -536,10 +564,19 @@ def main(argv: list[str] | None = None) -> None:
             done = load_results(results)
             for t in techs:
                 if (row.name, t) not in done or _redo(done[(row.name, t)], args.redo, row):  # e.g. a new limit's reason
-                    _append(results, {"row": row.name, "family": row.family, "source": row.source, "tech": t,
-                                      "outcome": "skipped", "params": row.params,
-                                      "message": f"{row.params / 1e6:.0f}M parameters > --max-params "
-                                                 f"{args.max_params / 1e6:.0f}M"})  # fmt: skip
+                    _append(
+                        results,
+                        {
+                            "row": row.name,
+                            "family": row.family,
+                            "source": row.source,
+                            "tech": t,
+                            "outcome": "skipped",
+                            "params": row.params,
+                            "message": f"{row.params / 1e6:.0f}M parameters > --max-params "
+                            f"{args.max_params / 1e6:.0f}M",
+                        },
+                    )
             continue
         print(f"[sweep] {row.name}: {len(techs)} cells", file=sys.stderr, flush=True)
         run_row(row, techs, results, args)

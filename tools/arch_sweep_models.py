@@ -44,7 +44,8 @@ CLASSES = 4
 SERIES = (16, 8)  # recurrent inputs: (time, features); 1-D convs see (features, time)
 TARGET_TOKENS = 8  # decoder length of encoder-decoder rows
 AUDIO_SAMPLES = 400  # wav2vec2: 400 samples -> 39 frames with the tiny feature extractor below
-WHISPER_MELS, WHISPER_FRAMES = 8, 32  # 2 x max_source_positions
+WHISPER_MELS = 8
+WHISPER_FRAMES = 32  # 2 x max_source_positions
 
 
 # ---------------------------------------------------------------------------------------------------- rows
@@ -76,8 +77,11 @@ def _images(n: int, offset: int, size: int, segment: bool) -> TensorDataset:
 
 def _lm(n: int, offset: int) -> dict[str, torch.Tensor]:
     d = token_data(n, offset)
-    return {"input_ids": d["input_ids"], "attention_mask": d["attention_mask"],
-            "labels": d["input_ids"].masked_fill(d["attention_mask"] == 0, -100)}  # fmt: skip
+    return {
+        "input_ids": d["input_ids"],
+        "attention_mask": d["attention_mask"],
+        "labels": d["input_ids"].masked_fill(d["attention_mask"] == 0, -100),
+    }
 
 
 def _targets(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -117,7 +121,12 @@ def dataset(task: str, n: int, offset: int, size: int) -> torch.utils.data.Datas
     if task in ("series", "series_conv"):
         return _series(n, offset, task == "series_conv")
     makers: dict[str, Callable[[int, int], dict[str, torch.Tensor]]] = {
-        "tokens": token_data, "lm": _lm, "seq2seq": _seq2seq, "audio": _audio, "whisper": _whisper}  # fmt: skip
+        "tokens": token_data,
+        "lm": _lm,
+        "seq2seq": _seq2seq,
+        "audio": _audio,
+        "whisper": _whisper,
+    }
     return _DictDataset(makers[task](n, offset))
 
 
@@ -159,7 +168,8 @@ class SweepModule(ZooModule):
             out = self(x)
         main, aux = _split(out)
         if self.row.task == "lm":  # next-token prediction
-            main, labels = main[:, :-1], labels[:, 1:]
+            main = main[:, :-1]
+            labels = labels[:, 1:]
         if main.dim() == 3:  # (N, T, V) -> (N, V, T), as cross_entropy wants per-token logits
             main = main.transpose(1, 2)
         loss = F.cross_entropy(main, labels, label_smoothing=smoothing, ignore_index=-100)
@@ -211,7 +221,8 @@ SIZES: dict[str, int] = {}  # probed input side of image rows
 LRS: dict[str, float] = {}  # probed learning rate of rows whose baseline diverges at the default one
 # a baseline diverges when its loss turns non-finite or ends above BLOWUP x its first, or when its eval-mode outputs
 # after the steps are not finite (efficientnet_b6 at 32 px: loss 11 -> 50 -> 26, then NaN outputs from its BN stats)
-PROBE_STEPS, BLOWUP = 4, 3.0
+PROBE_STEPS = 4
+BLOWUP = 3.0
 
 
 def default_lr(row: Row) -> float:
@@ -284,7 +295,8 @@ def register(row: Row) -> int:
         except Exception as err:  # noqa: BLE001 - try the next size
             last = err
             continue
-        ROWS[row.name], SIZES[row.name] = row, size
+        ROWS[row.name] = row
+        SIZES[row.name] = size
         kind = "image" if row.task in ("image", "segment") else "tokens"
         module = SweepKwargsModule if row.arg_names else SweepModule
         ARCHS[row.name] = Arch(row.name, kind, lambda r=row, s=size: _short_run(r.build(s)), module, source=row.source)
@@ -336,39 +348,169 @@ def hf_rows() -> list[Row]:
     ids = ("input_ids", "attention_mask")
     s2s = (*ids, "decoder_input_ids")
     return [
-        Row("hf_bert", "hf", "tokens", _hf("BertForSequenceClassification", "BertConfig", vocab_size=VOCAB, **_TINY,
-            max_position_embeddings=TOKENS + 4, num_labels=CLASSES), "BERT (encoder-only), hidden 32, 2 layers",
-            arg_names=ids),
-        Row("hf_gpt2", "hf", "lm", _hf("GPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_positions=32, n_embd=32,
-            n_layer=2, n_head=2, bos_token_id=1, eos_token_id=2),
-            "GPT-2 (decoder-only, tied embeddings), dim 32, 2 layers", arg_names=ids),
-        Row("hf_llama", "hf", "lm", _hf("LlamaForCausalLM", "LlamaConfig", vocab_size=VOCAB, **_TINY,
-            num_key_value_heads=1, max_position_embeddings=32), "Llama (decoder-only, GQA, RMSNorm), dim 32",
-            arg_names=ids),
-        Row("hf_t5", "hf", "seq2seq", _hf("T5ForConditionalGeneration", "T5Config", vocab_size=VOCAB, d_model=32,
-            d_kv=16, d_ff=64, num_layers=2, num_heads=2, decoder_start_token_id=0, pad_token_id=0),
-            "T5 (encoder-decoder, tied embeddings), d_model 32, 2+2 layers", arg_names=s2s),
-        Row("hf_whisper", "hf", "whisper", _hf("WhisperForConditionalGeneration", "WhisperConfig", vocab_size=VOCAB,
-            num_mel_bins=WHISPER_MELS, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
-            max_source_positions=WHISPER_FRAMES // 2, max_target_positions=32, decoder_start_token_id=0,
-            pad_token_id=0, bos_token_id=1, eos_token_id=1), "Whisper (speech encoder-decoder), d_model 32, 1+1 layers",
-            arg_names=("input_features", "decoder_input_ids")),
-        Row("hf_wav2vec2", "hf", "audio", _hf("Wav2Vec2ForSequenceClassification", "Wav2Vec2Config", **_TINY,
-            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
-            num_conv_pos_embedding_groups=2, classifier_proj_size=16, num_labels=CLASSES, mask_time_prob=0.0),
-            "Wav2Vec2 (speech, weight-norm positional conv), hidden 32, 2 layers", arg_names=("input_values",)),
-        Row("hf_vit", "hf", "image", _hf("ViTForImageClassification", "ViTConfig", **_TINY, image_size=32,
-            patch_size=8, num_labels=CLASSES), "ViT (vision, ModelOutput logits), 32px, patch 8, dim 32"),
-        Row("hf_distilbert", "hf", "tokens", _hf("DistilBertForSequenceClassification", "DistilBertConfig",
-            vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=32,
-            num_labels=CLASSES), "DistilBERT (encoder-only), dim 32, 2 layers", arg_names=ids),
-        Row("hf_bart", "hf", "seq2seq", _hf("BartForConditionalGeneration", "BartConfig", vocab_size=VOCAB, d_model=32,
-            encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-            encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32, decoder_start_token_id=0,
-            pad_token_id=1, bos_token_id=0, eos_token_id=2), "BART (encoder-decoder), d_model 32, 1+1 layers",
-            arg_names=s2s),
-    ]  # fmt: skip
+        Row(
+            "hf_bert",
+            "hf",
+            "tokens",
+            _hf(
+                "BertForSequenceClassification",
+                "BertConfig",
+                vocab_size=VOCAB,
+                **_TINY,
+                max_position_embeddings=TOKENS + 4,
+                num_labels=CLASSES,
+            ),
+            "BERT (encoder-only), hidden 32, 2 layers",
+            arg_names=ids,
+        ),
+        Row(
+            "hf_gpt2",
+            "hf",
+            "lm",
+            _hf(
+                "GPT2LMHeadModel",
+                "GPT2Config",
+                vocab_size=VOCAB,
+                n_positions=32,
+                n_embd=32,
+                n_layer=2,
+                n_head=2,
+                bos_token_id=1,
+                eos_token_id=2,
+            ),
+            "GPT-2 (decoder-only, tied embeddings), dim 32, 2 layers",
+            arg_names=ids,
+        ),
+        Row(
+            "hf_llama",
+            "hf",
+            "lm",
+            _hf(
+                "LlamaForCausalLM",
+                "LlamaConfig",
+                vocab_size=VOCAB,
+                **_TINY,
+                num_key_value_heads=1,
+                max_position_embeddings=32,
+            ),
+            "Llama (decoder-only, GQA, RMSNorm), dim 32",
+            arg_names=ids,
+        ),
+        Row(
+            "hf_t5",
+            "hf",
+            "seq2seq",
+            _hf(
+                "T5ForConditionalGeneration",
+                "T5Config",
+                vocab_size=VOCAB,
+                d_model=32,
+                d_kv=16,
+                d_ff=64,
+                num_layers=2,
+                num_heads=2,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+            ),
+            "T5 (encoder-decoder, tied embeddings), d_model 32, 2+2 layers",
+            arg_names=s2s,
+        ),
+        Row(
+            "hf_whisper",
+            "hf",
+            "whisper",
+            _hf(
+                "WhisperForConditionalGeneration",
+                "WhisperConfig",
+                vocab_size=VOCAB,
+                num_mel_bins=WHISPER_MELS,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                d_model=32,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_source_positions=WHISPER_FRAMES // 2,
+                max_target_positions=32,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=1,
+            ),
+            "Whisper (speech encoder-decoder), d_model 32, 1+1 layers",
+            arg_names=("input_features", "decoder_input_ids"),
+        ),
+        Row(
+            "hf_wav2vec2",
+            "hf",
+            "audio",
+            _hf(
+                "Wav2Vec2ForSequenceClassification",
+                "Wav2Vec2Config",
+                **_TINY,
+                conv_dim=(16, 16),
+                conv_stride=(5, 2),
+                conv_kernel=(10, 3),
+                num_conv_pos_embeddings=8,
+                num_conv_pos_embedding_groups=2,
+                classifier_proj_size=16,
+                num_labels=CLASSES,
+                mask_time_prob=0.0,
+            ),
+            "Wav2Vec2 (speech, weight-norm positional conv), hidden 32, 2 layers",
+            arg_names=("input_values",),
+        ),
+        Row(
+            "hf_vit",
+            "hf",
+            "image",
+            _hf("ViTForImageClassification", "ViTConfig", **_TINY, image_size=32, patch_size=8, num_labels=CLASSES),
+            "ViT (vision, ModelOutput logits), 32px, patch 8, dim 32",
+        ),
+        Row(
+            "hf_distilbert",
+            "hf",
+            "tokens",
+            _hf(
+                "DistilBertForSequenceClassification",
+                "DistilBertConfig",
+                vocab_size=VOCAB,
+                dim=32,
+                n_layers=2,
+                n_heads=2,
+                hidden_dim=64,
+                max_position_embeddings=32,
+                num_labels=CLASSES,
+            ),
+            "DistilBERT (encoder-only), dim 32, 2 layers",
+            arg_names=ids,
+        ),
+        Row(
+            "hf_bart",
+            "hf",
+            "seq2seq",
+            _hf(
+                "BartForConditionalGeneration",
+                "BartConfig",
+                vocab_size=VOCAB,
+                d_model=32,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=32,
+                decoder_start_token_id=0,
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+            ),
+            "BART (encoder-decoder), d_model 32, 1+1 layers",
+            arg_names=s2s,
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------- recurrent, 1-D
@@ -382,8 +524,12 @@ class RecurrentNet(nn.Module):
         self.rnn = rnn(SERIES[1], 32, num_layers=2, batch_first=True, bidirectional=bidirectional)
         self.fc = nn.Linear(64 if bidirectional else 32, CLASSES)
 
-    def forward(self, x: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                input_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         x = input_ids if x is None else x
         h, _ = self.rnn(self.embed(x) if self.embed is not None else x)
         return self.fc(h[:, -1])
@@ -392,11 +538,19 @@ class RecurrentNet(nn.Module):
 def _conv1d() -> nn.Module:
     c = SERIES[1]
     return nn.Sequential(
-        nn.Conv1d(c, 32, 5, padding=2), nn.BatchNorm1d(32), nn.ReLU(),
-        nn.Conv1d(32, 64, 3, padding=2, dilation=2), nn.BatchNorm1d(64), nn.ReLU(),
-        nn.Conv1d(64, 64, 3, padding=1, groups=4), nn.BatchNorm1d(64), nn.ReLU(),
-        nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(64, CLASSES),
-    )  # fmt: skip
+        nn.Conv1d(c, 32, 5, padding=2),
+        nn.BatchNorm1d(32),
+        nn.ReLU(),
+        nn.Conv1d(32, 64, 3, padding=2, dilation=2),
+        nn.BatchNorm1d(64),
+        nn.ReLU(),
+        nn.Conv1d(64, 64, 3, padding=1, groups=4),
+        nn.BatchNorm1d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool1d(1),
+        nn.Flatten(),
+        nn.Linear(64, CLASSES),
+    )
 
 
 def seq_rows() -> list[Row]:
@@ -404,10 +558,16 @@ def seq_rows() -> list[Row]:
         Row("lstm", "seq", "series", lambda s: RecurrentNet("lstm"), "nn.LSTM x2 (hidden 32) + Linear on (N, 16, 8)"),
         Row("gru", "seq", "series", lambda s: RecurrentNet("gru"), "nn.GRU x2 (hidden 32) + Linear"),
         Row("rnn_tanh", "seq", "series", lambda s: RecurrentNet("rnn"), "nn.RNN x2 (hidden 32) + Linear"),
-        Row("bilstm_tokens", "seq", "tokens", lambda s: RecurrentNet("lstm", tokens=True, bidirectional=True),
-            "Embedding + bidirectional nn.LSTM x2 + Linear on tokens", arg_names=("input_ids", "attention_mask")),
+        Row(
+            "bilstm_tokens",
+            "seq",
+            "tokens",
+            lambda s: RecurrentNet("lstm", tokens=True, bidirectional=True),
+            "Embedding + bidirectional nn.LSTM x2 + Linear on tokens",
+            arg_names=("input_ids", "attention_mask"),
+        ),
         Row("conv1d", "seq", "series_conv", lambda s: _conv1d(), "Conv1d/BatchNorm1d x3 (dilated, grouped) + Linear"),
-    ]  # fmt: skip
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------- torchvision
@@ -421,7 +581,8 @@ def _tv(name: str, segment: bool) -> Callable[[int], nn.Module]:
             if not name.startswith("lraspp"):
                 kw["aux_loss"] = True  # the {'out', 'aux'} dict output of the reference training scripts
         if name in ("googlenet", "inception_v3"):
-            kw["aux_logits"], kw["init_weights"] = True, True
+            kw["aux_logits"] = True
+            kw["init_weights"] = True
         if name.startswith("vit_"):  # learned positions for `image_size`: built at the sweep's small sizes too
             kw["image_size"] = size
         return torchvision.models.get_model(name, **kw)
@@ -433,10 +594,14 @@ def torchvision_rows() -> list[Row]:
     import torchvision.models as tvm
 
     sizes = (32, 64, 96, 128, 160, 224, 299)
-    rows = [Row(f"tv_{n}", "torchvision", "image", _tv(n, False), f"torchvision {n}", sizes)
-            for n in tvm.list_models(module=tvm)]  # fmt: skip
-    rows += [Row(f"tv_{n}", "torchvision", "segment", _tv(n, True), f"torchvision {n} (segmentation)", sizes[:4])
-             for n in tvm.list_models(module=tvm.segmentation)]  # fmt: skip
+    rows = [
+        Row(f"tv_{n}", "torchvision", "image", _tv(n, False), f"torchvision {n}", sizes)
+        for n in tvm.list_models(module=tvm)
+    ]
+    rows += [
+        Row(f"tv_{n}", "torchvision", "segment", _tv(n, True), f"torchvision {n} (segmentation)", sizes[:4])
+        for n in tvm.list_models(module=tvm.segmentation)
+    ]
     return rows
 
 
@@ -484,8 +649,18 @@ def timm_rows(cache: Path | None = None) -> list[Row]:
             chosen[fam] = list(classifiers[0]) if ok else [None, min(names, key=lambda n: (len(n), n))]
         if cache is not None:
             cache.write_text(json.dumps(chosen, indent=1, sort_keys=True))
-    return [Row(f"timm_{fam}", "timm", "image", _timm(name), f"timm {name} (smallest of family {fam!r})", sizes,
-                params=params) for fam, (params, name) in sorted(chosen.items())]  # fmt: skip
+    return [
+        Row(
+            f"timm_{fam}",
+            "timm",
+            "image",
+            _timm(name),
+            f"timm {name} (smallest of family {fam!r})",
+            sizes,
+            params=params,
+        )
+        for fam, (params, name) in sorted(chosen.items())
+    ]
 
 
 def all_rows(families: tuple[str, ...], timm_cache: Path | None = None) -> list[Row]:
@@ -531,8 +706,9 @@ def _bn_cnn(size: int) -> nn.Module:
     def block(cin: int, cout: int) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
-    return nn.Sequential(*block(3, 16), nn.MaxPool2d(2), *block(16, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(32, CLASSES))  # fmt: skip
+    return nn.Sequential(
+        *block(3, 16), nn.MaxPool2d(2), *block(16, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, CLASSES)
+    )
 
 
 class ClippedLinear(nn.Linear):
@@ -548,8 +724,9 @@ class ClippedLinear(nn.Linear):
 
 
 def _clipped_cnn(size: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         ClippedLinear(16, CLASSES))  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), ClippedLinear(16, CLASSES)
+    )
 
 
 class AuxNet(nn.Module):
@@ -560,8 +737,16 @@ class AuxNet(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
         self.body = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
-        self.aux = nn.Sequential(nn.AvgPool2d(5, stride=3), nn.Conv2d(16, 8, 1), nn.ReLU(), nn.Conv2d(8, 16, 5),
-                                 nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, CLASSES))  # fmt: skip
+        self.aux = nn.Sequential(
+            nn.AvgPool2d(5, stride=3),
+            nn.Conv2d(16, 8, 1),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 5),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(16, CLASSES),
+        )
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, CLASSES))
 
     def forward(self, x: torch.Tensor) -> Any:
@@ -579,16 +764,40 @@ def sample_rows() -> list[Row]:
         Row("mixer_tiny", "sample", "image", _mixer_tiny, "timm MlpMixer, 32px, patch 8, 2 blocks, dim 32"),
         Row("bn_cnn", "sample", "image", _bn_cnn, "Conv2d/BatchNorm2d x2 + Linear"),
         Row("clipped_cnn", "sample", "image", _clipped_cnn, "Conv2d + a Linear with -inf/+inf clip-bound buffers"),
-        Row("aux_tiny", "sample", "image", lambda s: AuxNet(), "Inception-style aux head (train mode only), tiny",
-            (32, 48, 64)),
-        Row("tv_googlenet", "torchvision", "image", _tv("googlenet", False), "torchvision googlenet (aux_logits)",
-            sizes),
-        Row("tv_mnasnet0_5", "torchvision", "image", _tv("mnasnet0_5", False), "torchvision mnasnet0_5 (versioned "
-            "_load_from_state_dict)", sizes),
-        Row("tv_shufflenet_v2_x0_5", "torchvision", "image", _tv("shufflenet_v2_x0_5", False),
-            "torchvision shufflenet_v2_x0_5 (channel shuffle)", sizes),
-        named["hf_t5"], named["hf_whisper"], named["hf_wav2vec2"], named["hf_gpt2"], named["hf_llama"], named["lstm"],
-    ]  # fmt: skip
+        Row(
+            "aux_tiny",
+            "sample",
+            "image",
+            lambda s: AuxNet(),
+            "Inception-style aux head (train mode only), tiny",
+            (32, 48, 64),
+        ),
+        Row(
+            "tv_googlenet", "torchvision", "image", _tv("googlenet", False), "torchvision googlenet (aux_logits)", sizes
+        ),
+        Row(
+            "tv_mnasnet0_5",
+            "torchvision",
+            "image",
+            _tv("mnasnet0_5", False),
+            "torchvision mnasnet0_5 (versioned _load_from_state_dict)",
+            sizes,
+        ),
+        Row(
+            "tv_shufflenet_v2_x0_5",
+            "torchvision",
+            "image",
+            _tv("shufflenet_v2_x0_5", False),
+            "torchvision shufflenet_v2_x0_5 (channel shuffle)",
+            sizes,
+        ),
+        named["hf_t5"],
+        named["hf_whisper"],
+        named["hf_wav2vec2"],
+        named["hf_gpt2"],
+        named["hf_llama"],
+        named["lstm"],
+    ]
 
 
 def find_row(name: str, timm_cache: Path | None = None) -> Row:

@@ -40,7 +40,9 @@ class NotebookFailure(RuntimeError):
         if first:
             where += f" ({first[:60]}{'...' if len(first) > 60 else ''})"
         super().__init__(f"{_rel(path)}: {where} failed: {error}")
-        self.path, self.cell_index, self.error = path, cell_index, error
+        self.path = path
+        self.cell_index = cell_index
+        self.error = error
 
 
 @dataclass

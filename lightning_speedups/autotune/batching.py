@@ -32,7 +32,9 @@ from lightning_speedups.measure import model_copy
 __all__ = ["BATCHING_STEPS", "STRATEGIES", "token_loader"]
 
 STRATEGIES = ("length_grouped",)  # not the token budget: it changes the optimisation (see SequenceBatching "auto")
-_PROBES, _REPEATS = 3, 2  # estimate_epoch_seconds' defaults: 3 batches, best of 2, after one warm-up step
+# estimate_epoch_seconds' defaults: 3 batches, best of 2, after one warm-up step
+_PROBES = 3
+_REPEATS = 2
 # the user's loader and each strategy: a warm-up step and 3 batches timed twice each
 BATCHING_STEPS = (1 + len(STRATEGIES)) * (1 + _PROBES * _REPEATS)
 _LENGTH_CHECK = 64  # samples read to see whether the lengths vary at all, before reading every one
@@ -83,17 +85,21 @@ def _batching(ctx: TrialContext, share: float) -> Choice | None:
     own = own_collate_reason(ctx.loader)
     width = own_collate_width(ctx.loader, lengths) if own is not None else None
     if width is not None:  # the new batches would go through it, and it pads them all to one width again
-        ctx.notes.append(f"batching not tried: your collate_fn does more than pad ({own.split(': ', 1)[1]}), so the "
-                         f"new batches would go through it, and it pads even the shortest samples to {width} tokens: "
-                         "there is no padding to save. HINT: pad to each batch's longest sample in it")  # fmt: skip
+        ctx.notes.append(
+            f"batching not tried: your collate_fn does more than pad ({own.split(': ', 1)[1]}), so the "
+            f"new batches would go through it, and it pads even the shortest samples to {width} tokens: "
+            "there is no padding to save. HINT: pad to each batch's longest sample in it"
+        )
         return None
     model = model_copy(ctx.model, train=True).to(ctx.device)
     try:
-        estimates = estimate_batchings(model, ctx.device, ctx.loader, lengths, STRATEGIES, probes=_PROBES,
-                                       keep_collate=own is not None)  # fmt: skip
+        estimates = estimate_batchings(
+            model, ctx.device, ctx.loader, lengths, STRATEGIES, probes=_PROBES, keep_collate=own is not None
+        )
     except Exception as err:  # noqa: BLE001  (the user's training_step on a padded batch: any failure means "no")
-        ctx.notes.append(f"batching not tried: the training step failed on a length-aware batch "
-                         f"({type(err).__name__}: {err})")  # fmt: skip
+        ctx.notes.append(
+            f"batching not tried: the training step failed on a length-aware batch ({type(err).__name__}: {err})"
+        )
         return None
     finally:
         del model

@@ -65,7 +65,8 @@ def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], l
         if why is not None:  # the real reason, whatever the budget left
             ctx.notes.append(why)
             continue
-        left, need = ctx.budget_left(), ctx.price(name)
+        left = ctx.budget_left()
+        need = ctx.price(name)
         if left < need:  # below the least it takes, a trial only spends time (a later, cheaper one may still fit)
             skipped.append(Skipped(name, left, need))
             continue
@@ -143,20 +144,32 @@ class InFitRecord:
                 return  # the entry is gone or already decided
             store.put(self.key, _decided_entry(entry, trial.kept, tuple(trial.ratio), trial.rounds, trial.note))
         except (OSError, KeyError, TypeError, ValueError) as err:  # the cache, never the user's fit, pays for it
-            warnings.warn(f"autotune: the in-fit precision decision was not cached ({type(err).__name__}: {err}); "
-                          "the next run times it again", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"autotune: the in-fit precision decision was not cached ({type(err).__name__}: {err}); "
+                "the next run times it again",
+                stacklevel=2,
+            )
 
 
-def _decided_entry(entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
-                  ) -> dict[str, Any]:  # fmt: skip
+def _decided_entry(
+    entry: dict[str, Any], kept: str, ratio: tuple[float, float, float], rounds: int, note: str
+) -> dict[str, Any]:
     """The cached plan ``entry`` with its in-fit precision replaced by the fit's decision: the Trainer's
     ``precision`` set, no ``PrecisionTrial``, and the precision choice holding the measured ratio."""
     settings = {k: v for k, v in entry["settings"].items() if k != "precision_trial"}
     settings["precision"] = kept
     bf16 = kept != "32-true"
     lo, mid, hi = ratio
-    choice = Choice("precision", kept, ["32-true", "bf16-mixed"], mid if bf16 else 1.0, (lo, hi) if bf16 else
-                    (1.0, 1.0), rounds, f"{note} (timed on the fit's own steps)", changed=bf16).as_dict()  # fmt: skip
+    choice = Choice(
+        "precision",
+        kept,
+        ["32-true", "bf16-mixed"],
+        mid if bf16 else 1.0,
+        (lo, hi) if bf16 else (1.0, 1.0),
+        rounds,
+        f"{note} (timed on the fit's own steps)",
+        changed=bf16,
+    ).as_dict()
     choices = [choice if c.get("name") == "precision" else c for c in entry["choices"]]
     return {**entry, "settings": settings, "choices": choices}
 
@@ -175,8 +188,11 @@ def budget_note(skipped: list[Skipped], budget_s: float, planned_run_s: float | 
     names = ", ".join(s.name for s in skipped)
     run = f", 5% of a planned run of about {planned_run_s:.1f}s" if planned_run_s is not None else ""
     lefts = _listed([(s.name, max(s.left, 0.0)) for s in skipped])
-    left = (f"{max(skipped[0].left, 0.0):.2f}s of {budget_s:.2f}s{run}" if lefts is None
-            else f"of {budget_s:.2f}s{run}; when each came up: {lefts}")  # fmt: skip
+    left = (
+        f"{max(skipped[0].left, 0.0):.2f}s of {budget_s:.2f}s{run}"
+        if lefts is None
+        else f"of {budget_s:.2f}s{run}; when each came up: {lefts}"
+    )
     needs = _listed([(s.name, s.need) for s in skipped])
     need = f"the {skipped[0].need:.2f}s one comparison needs" if needs is None else f"what one decision needs ({needs})"
     cheapest = min(skipped, key=lambda s: s.need)

@@ -76,8 +76,16 @@ def _decide(ctx: TrialContext, name: str, options: Mapping[str, dict[str, Any]],
     value = {k: ctx.plan.get(k, STEP_DEFAULTS.get(k)) for k in next(iter(options.values()))}
     lo, mid, hi = result.ratios.get(chosen, (1.0, 1.0, 1.0))
     note = result.note or (f"{chosen} {mid:.2f}x faster" if chosen != current else "no option beat the plan")
-    return Choice(name, value if len(value) > 1 else next(iter(value.values())), ["current", *options], mid,
-                  (lo, hi), result.trials, note, changed=chosen != current)  # fmt: skip
+    return Choice(
+        name,
+        value if len(value) > 1 else next(iter(value.values())),
+        ["current", *options],
+        mid,
+        (lo, hi),
+        result.trials,
+        note,
+        changed=chosen != current,
+    )
 
 
 def _precision(ctx: TrialContext, share: float) -> Choice | None:
@@ -120,7 +128,8 @@ def _layout_share(ctx: TrialContext) -> float:
         return 1.0
     model = model_copy(ctx.model, train=True).to(ctx.device)
     batch = move_data_to_device(ctx.batch, ctx.device)
-    spent, starts = [0.0], {}
+    spent = [0.0]
+    starts = {}
 
     def before(module: nn.Module, args: tuple[Any, ...]) -> None:
         if any(isinstance(a, torch.Tensor) and a.dim() == 4 for a in args):
@@ -153,9 +162,11 @@ def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
     part = _layout_share(ctx)
     bound = 1.0 / (1.0 - part) if part < 1.0 else float("inf")
     if bound < 1.0 + ctx.margin:
-        note = (f"channels_last not tried: the layers that take 4-D tensors are {part:.1%} of a forward pass, so "
-                f"even free they would make a step at most {bound:.3f}x faster, below the {ctx.margin:.0%} "
-                "margin")  # fmt: skip
+        note = (
+            f"channels_last not tried: the layers that take 4-D tensors are {part:.1%} of a forward pass, so "
+            f"even free they would make a step at most {bound:.3f}x faster, below the {ctx.margin:.0%} "
+            "margin"
+        )
         return Choice("channels_last", False, ["current", "channels_last"], 1.0, (1.0, 1.0), 0, note)
     return _decide(ctx, "channels_last", {"channels_last": {"channels_last": True}}, share)
 
@@ -163,8 +174,9 @@ def _channels_last(ctx: TrialContext, share: float) -> Choice | None:
 def _optimizer_share(ctx: TrialContext) -> float:
     """The optimizer step's share of a training step: the median of ``MIN_ROUNDS`` rounds of each, on copies."""
     fns = {"full": ctx.step(ctx.plan, fresh=True), "alone": ctx.step({**ctx.plan, "optimizer_only": True}, fresh=True)}
-    result = compare(fns, "full", budget_s=math.inf, min_rounds=MIN_ROUNDS, max_rounds=MIN_ROUNDS, warmup=1,
-                     clock=ctx.clock)  # fmt: skip
+    result = compare(
+        fns, "full", budget_s=math.inf, min_rounds=MIN_ROUNDS, max_rounds=MIN_ROUNDS, warmup=1, clock=ctx.clock
+    )
     return result.medians["alone"] / max(result.medians["full"], 1e-12)
 
 
@@ -188,8 +200,10 @@ def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
     bound = 1.0 / (1.0 - part) if part < 1.0 else float("inf")
     current = ctx.plan.get("implementation", STEP_DEFAULTS["implementation"])
     if bound < 1.0 + ctx.margin:
-        note = (f"fused/foreach not tried: the optimizer step is {part:.1%} of a training step, so even a free one "
-                f"would be at most {bound:.3f}x faster, below the {ctx.margin:.0%} margin")  # fmt: skip
+        note = (
+            f"fused/foreach not tried: the optimizer step is {part:.1%} of a training step, so even a free one "
+            f"would be at most {bound:.3f}x faster, below the {ctx.margin:.0%} margin"
+        )
         return Choice("optimizer", current, ["current", "foreach", "fused"], 1.0, (1.0, 1.0), MIN_ROUNDS, note)
     options = {"foreach": {"implementation": "foreach"}, "fused": {"implementation": "fused"}}
     return _decide(ctx, "optimizer", options, share)
@@ -253,9 +267,14 @@ def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
     """
     # the same samples per timed call: 2 steps at the current size vs 1 step at twice the size; x4 only if x2 won.
     # x2 gets half the share (at least its price), x4 what is left of it (at least its price: its steps cost twice)
-    scale, rounds, gain, interval, stopped = 1, 0, 1.0, (1.0, 1.0), ""
+    scale = 1
+    rounds = 0
+    gain = 1.0
+    interval = (1.0, 1.0)
+    stopped = ""
     noise, why = _noise_scale(ctx)
-    allowance, spent_from = ctx.budget_left() * share, ctx.clock()
+    allowance = ctx.budget_left() * share
+    spent_from = ctx.clock()
     for trial in (2, 4):
         cost = BATCH_DOUBLING_COST if noise is None else noise.doubling_cost(trial // 2)
         need = (1.0 + ctx.margin) * cost
@@ -279,7 +298,9 @@ def _batch_size(ctx: TrialContext, share: float) -> Choice | None:
             stopped = f"x{trial} vs x{trial // 2}: {not_larger}"
             break
         lo, mid, hi = result.ratios["larger"]  # x4 is x2 times x4-over-x2: the gains and their bounds multiply
-        scale, gain, interval = trial, gain * mid, (interval[0] * lo, interval[1] * hi)
+        scale = trial
+        gain = gain * mid
+        interval = (interval[0] * lo, interval[1] * hi)
         ctx.remember(larger, fns["larger"], result.medians["larger"])
     ctx.plan["batch_scale"] = scale
     kept = f"batch x{scale}: {gain:.2f}x the samples/s" if scale > 1 else "batch size kept"

@@ -35,8 +35,9 @@ def _compile(ctx: TrialContext, share: float) -> Choice | None:
     keep = result.winner == "compiled" and saved > compile_s
     ctx.plan["compile"] = keep
     lo, mid, hi = result.ratios["compiled"]
-    note = (f"compile {compile_s:.0f}s, saves {saved:.0f}s over {ctx.planned_steps} steps"
-            + ("" if keep else ": not paid back"))  # fmt: skip
+    note = f"compile {compile_s:.0f}s, saves {saved:.0f}s over {ctx.planned_steps} steps" + (
+        "" if keep else ": not paid back"
+    )
     return Choice("compile", keep, [False, True], mid if keep else 1.0, (lo, hi), result.trials, note, changed=keep)
 
 

@@ -95,8 +95,12 @@ def plan_methods(methods: Sequence[str] | None, kind: str) -> tuple[list[str], s
         return kept, None
     hurt = {m: hurt_tasks(m, kind) for m in left}
     unseen = [m for m in left if not hurt[m]]
-    parts = [f"{m} made a {kind} task slower to its target ({', '.join(hurt[m])}), so no {kind} model gets it by "
-             "default (do no harm)" for m in left if hurt[m]]  # fmt: skip
+    parts = [
+        f"{m} made a {kind} task slower to its target ({', '.join(hurt[m])}), so no {kind} model gets it by "
+        "default (do no harm)"
+        for m in left
+        if hurt[m]
+    ]
     if unseen:
         where = ", ".join(f"{m} is in the default plan of {default_for(m)}" for m in unseen)
         parts.insert(0, f"no evidence for this model kind ({kind}): {where}")
@@ -169,7 +173,8 @@ _ADAM_TYPE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.opti
 
 
 def _bounded(trainer_kwargs: dict[str, Any]) -> bool:
-    steps, epochs = trainer_kwargs.get("max_steps"), trainer_kwargs.get("max_epochs")
+    steps = trainer_kwargs.get("max_steps")
+    epochs = trainer_kwargs.get("max_epochs")
     return (steps is not None and steps != -1) or (epochs is not None and epochs != -1)
 
 
@@ -260,7 +265,13 @@ def method_callbacks(
             return callbacks
         scale = int(settings.get("batch_scale", 1))
         scaled = scale > 1 and base_batch and not isinstance(model, SpeedupMixin)
-        callbacks.append(FastSchedule(warmup=warmup, peak_factor=float(settings["schedule"]), decay="linear",
-                                      base_batch_size=base_batch if scaled else None,
-                                      batch_size=base_batch * scale if scaled else None))  # fmt: skip
+        callbacks.append(
+            FastSchedule(
+                warmup=warmup,
+                peak_factor=float(settings["schedule"]),
+                decay="linear",
+                base_batch_size=base_batch if scaled else None,
+                batch_size=base_batch * scale if scaled else None,
+            )
+        )
     return callbacks

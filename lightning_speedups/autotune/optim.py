@@ -17,8 +17,15 @@ import lightning as L
 import torch
 from torch import nn
 
-__all__ = ["PlannedRun", "configured", "optimizers_of", "outside_fit_reason", "returns_scheduler", "trial_optimizer",
-           "with_implementation"]  # fmt: skip
+__all__ = [
+    "PlannedRun",
+    "configured",
+    "optimizers_of",
+    "outside_fit_reason",
+    "returns_scheduler",
+    "trial_optimizer",
+    "with_implementation",
+]
 
 _KERNEL_KEYS = ("fused", "foreach")
 
@@ -185,8 +192,9 @@ def with_implementation(optimizer: torch.optim.Optimizer, implementation: str | 
         return optimizer
     kernel = {k: True if k == implementation else None for k in _KERNEL_KEYS if accepted is None or k in accepted}
     # defaults the constructor derives itself (AdamW's decoupled_weight_decay) are not arguments: it sets them again
-    defaults = {k: v for k, v in optimizer.defaults.items()
-                if k not in _KERNEL_KEYS and (accepted is None or k in accepted)}  # fmt: skip
+    defaults = {
+        k: v for k, v in optimizer.defaults.items() if k not in _KERNEL_KEYS and (accepted is None or k in accepted)
+    }
     groups = [{k: v for k, v in g.items() if k not in _KERNEL_KEYS} for g in optimizer.param_groups]
     try:
         return type(optimizer)(groups, **{**defaults, **kernel})

@@ -126,8 +126,10 @@ class TunePlan:
         if isinstance(data, DataLoader):
             problem = fit_loader_problem(data)
             if problem is not None or not isinstance(data.batch_size, int):
-                self.notes.append(f"batch x{scale} not applied: the training data is {problem or 'unbatched'}, which "
-                                  "cannot be rebuilt at another batch size")  # fmt: skip
+                self.notes.append(
+                    f"batch x{scale} not applied: the training data is {problem or 'unbatched'}, which "
+                    "cannot be rebuilt at another batch size"
+                )
                 return None
             self.train_dataloaders = rebuild_loader(data, data.batch_size * scale)
             return data.batch_size
@@ -143,8 +145,10 @@ class TunePlan:
         lines = [f"autotune plan ({'cached' if self.from_cache else f'{self.trial_s:.1f}s of trials'}):"]
         for c in self.choices:
             chosen = f"x{c.chosen}" if c.name == "batch_size" else str(c.chosen)  # a multiple of the user's batch
-            lines.append(f"  {c.name:<14} {chosen:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
-                         f"{c.trials} rounds  {c.note}")  # fmt: skip
+            lines.append(
+                f"  {c.name:<14} {chosen:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
+                f"{c.trials} rounds  {c.note}"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -208,8 +212,9 @@ def build_plan(
         settings.pop("implementation")  # a plan cached before plain modules were left out of the kernel trial
         choices = [c for c in choices if c.name != "optimizer"]
         notes.append(f"optimizer kernel not applied: `{type(model).__name__}.configure_optimizers` builds its own")
-    callbacks += method_callbacks(settings, trainer_kwargs, notes, model, shape.warmup, shape.base_batch,
-                                  checked=checked)  # fmt: skip
+    callbacks += method_callbacks(
+        settings, trainer_kwargs, notes, model, shape.warmup, shape.base_batch, checked=checked
+    )
     kwargs = dict(trainer_kwargs)
     kwargs["precision"] = settings.get("precision", "32-true")
     kind, twin = replacement or (None, None)

@@ -59,9 +59,16 @@ class Choice:
     changed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "chosen": self.chosen, "options": self.options, "gain": self.gain,
-                "interval": list(self.interval), "trials": self.trials, "note": self.note,
-                "changed": self.changed}  # fmt: skip
+        return {
+            "name": self.name,
+            "chosen": self.chosen,
+            "options": self.options,
+            "gain": self.gain,
+            "interval": list(self.interval),
+            "trials": self.trials,
+            "note": self.note,
+            "changed": self.changed,
+        }
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> Choice:
@@ -79,8 +86,14 @@ MIN_ROUNDS = 3
 COMPARISON_STEPS = 1 + 2 * MIN_ROUNDS
 
 # what make_step reads, and each setting's value when the plan does not set it
-STEP_DEFAULTS: dict[str, Any] = {"precision": "32-true", "channels_last": False, "implementation": "for_loop",
-                                 "batch_scale": 1, "optimizer_only": False, "compile": False}  # fmt: skip
+STEP_DEFAULTS: dict[str, Any] = {
+    "precision": "32-true",
+    "channels_last": False,
+    "implementation": "for_loop",
+    "batch_scale": 1,
+    "optimizer_only": False,
+    "compile": False,
+}
 
 
 @dataclass
@@ -128,7 +141,8 @@ class TrialContext:
 
     def remember(self, plan: Mapping[str, Any], step: Callable[[], None], seconds: float) -> None:
         """``step`` (already called) runs ``plan``, in ``seconds``: later comparisons reuse it and are priced by it."""
-        self.warm, self.step_s = (dict(plan), step), seconds
+        self.warm = (dict(plan), step)
+        self.step_s = seconds
 
     def compare(
         self,
@@ -149,14 +163,24 @@ class TrialContext:
         budget = max(budget - (self.clock() - t0), 1e-3)
         gain = self.margin if min_gain is None else min_gain
         # the plan row carries the note: no warning here
-        return compare(fns, baseline, min_gain=gain, budget_s=budget, min_rounds=MIN_ROUNDS, warmup=0,
-                       clock=self.clock, warn=False, returns_time=returns_time)  # fmt: skip
+        return compare(
+            fns,
+            baseline,
+            min_gain=gain,
+            budget_s=budget,
+            min_rounds=MIN_ROUNDS,
+            warmup=0,
+            clock=self.clock,
+            warn=False,
+            returns_time=returns_time,
+        )
 
 
 def _same_plan(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
     """Whether ``a`` and ``b`` run the same training step (the data path, the methods and the rest aside)."""
-    return a is not None and all(a.get(k, STEP_DEFAULTS.get(k)) == b.get(k, STEP_DEFAULTS.get(k))
-                                 for k in STEP_DEFAULTS)  # fmt: skip
+    return a is not None and all(
+        a.get(k, STEP_DEFAULTS.get(k)) == b.get(k, STEP_DEFAULTS.get(k)) for k in STEP_DEFAULTS
+    )
 
 
 def _scaled(batch: Any, k: int) -> Any:
@@ -185,9 +209,17 @@ def make_step(ctx: TrialContext, plan: Mapping[str, Any], steps: int = 1) -> Cal
     scale_optimizer_lrs(optimizer, [], lr_factor(scale, 1, auto_lr_rule(optimizer)))
     precision = plan.get("precision", "32-true")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)  # 32-true: no autocast at all
-    step = make_train_step(model, batch, optimizer=optimizer, autocast_dtype=dtype, loss=training_step_loss,
-                           steps=steps, grad_scaler=precision == "16-mixed",
-                           optimizer_only=bool(plan.get("optimizer_only")), return_loss=False)  # fmt: skip
+    step = make_train_step(
+        model,
+        batch,
+        optimizer=optimizer,
+        autocast_dtype=dtype,
+        loss=training_step_loss,
+        steps=steps,
+        grad_scaler=precision == "16-mixed",
+        optimizer_only=bool(plan.get("optimizer_only")),
+        return_loss=False,
+    )
     return step  # type: ignore[return-value]
 
 

@@ -119,17 +119,39 @@ def autotune(
     run = _read_run(model, datamodule_or_loaders, trainer_kwargs, clock)
     kind = model_kind(model, run.batch)  # one forward only where a user forward's source cannot be read
     method_names, methods_note = plan_methods(methods, kind)
-    key = plan_key(model, run.shapes, {"candidates": names, "methods": method_names, "margin": margin,
-                                       "no_bf16": no_bf16, "device": str(run.device), "kind": kind})  # fmt: skip
+    key = plan_key(
+        model,
+        run.shapes,
+        {
+            "candidates": names,
+            "methods": method_names,
+            "margin": margin,
+            "no_bf16": no_bf16,
+            "device": str(run.device),
+            "kind": kind,
+        },
+    )
     store = PlanCache(cache_dir) if cache else None
-    ctx = TrialContext(model, run.batch, run.device, run.steps, margin, deadline=float("inf"),
-                       plan={"precision": "32-true"}, clock=clock, loader=run.loader, datamodule=run.datamodule,
-                       own_loader=run.own_loader, no_bf16=no_bf16)  # fmt: skip
+    ctx = TrialContext(
+        model,
+        run.batch,
+        run.device,
+        run.steps,
+        margin,
+        deadline=float("inf"),
+        plan={"precision": "32-true"},
+        clock=clock,
+        loader=run.loader,
+        datamodule=run.datamodule,
+        own_loader=run.own_loader,
+        no_bf16=no_bf16,
+    )
     if candidates is None:  # the candidates the default leaves out, each with its reason
         ctx.notes += [ONLY_WHEN_NAMED[n] for n in CANDIDATES if n in ONLY_WHEN_NAMED]
     cached = _from_cache(store, key, ctx, trainer_kwargs, run.shape, budget_s)
     if cached is not None:  # a second run on this machine and model skips the trials
-        cached.set_up, cached.setup_s = run.datamodule, run.setup_s
+        cached.set_up = run.datamodule
+        cached.setup_s = run.setup_s
         _record_in_fit(cached, store, key)
         return cached
     start = clock()
@@ -137,10 +159,13 @@ def autotune(
     planned_run_s = run.steps * step_s if budget_s is None else None
     choices, skipped = _run_candidates(ctx, names, budget, planned_run_s)
     choices += _add_methods(ctx, method_names, methods_note, step_s, trainer_kwargs, kind)
-    plan = build_plan(dict(ctx.plan), choices, trainer_kwargs, model, run.shape, checked=True,
-                      replacement=ctx.replacement)  # fmt: skip
-    plan.notes, plan.trial_s = [*ctx.notes, *plan.notes], clock() - start
-    plan.set_up, plan.setup_s = run.datamodule, run.setup_s
+    plan = build_plan(
+        dict(ctx.plan), choices, trainer_kwargs, model, run.shape, checked=True, replacement=ctx.replacement
+    )
+    plan.notes = [*ctx.notes, *plan.notes]
+    plan.trial_s = clock() - start
+    plan.set_up = run.datamodule
+    plan.setup_s = run.setup_s
     _store(store, key, plan, choices, ctx.notes, budget, skipped)
     _record_in_fit(plan, store, key)
     rank_zero_info(plan.to_text())
@@ -175,8 +200,17 @@ def _read_run(model: L.LightningModule, data: Any, trainer_kwargs: dict[str, Any
     device = torch.device("cuda" if torch.cuda.is_available() and trainer_kwargs.get("accelerator") != "cpu" else "cpu")
     steps = planned_steps(loader, trainer_kwargs)
     shapes = [list(t.shape) for t in flat_tensors(batch)]
-    return _Run(loader, dm, loaders is None and dm is None, batch, device, steps, shapes,
-                _run_shape(loader, steps, shapes), setup_s)  # fmt: skip
+    return _Run(
+        loader,
+        dm,
+        loaders is None and dm is None,
+        batch,
+        device,
+        steps,
+        shapes,
+        _run_shape(loader, steps, shapes),
+        setup_s,
+    )
 
 
 def _check_arguments(candidates: Sequence[str] | None, budget_s: float | None, margin: float) -> list[str]:
@@ -251,14 +285,16 @@ def _from_cache(
     except (KeyError, TypeError):
         return None  # an older entry: measured again, and overwritten
     settings = dict(cached["settings"])
-    replacement, missing = None, ""
+    replacement = None
+    missing = ""
     if settings.get("device_data"):
         replacement = device_twin(ctx)
         if replacement is None:
             settings["device_data"] = False
             missing = "the cached plan keeps the data on the device, but this data has no device twin: not applied"
     plan = build_plan(settings, choices, trainer_kwargs, ctx.model, shape, checked=False, replacement=replacement)
-    plan.from_cache, plan.notes = True, [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
+    plan.from_cache = True
+    plan.notes = [*cached.get("notes", []), *plan.notes, f"plan from the cache ({key})"]
     if missing:
         plan.notes.append(missing)
     return plan
@@ -338,8 +374,16 @@ def _store(
     """Keep the measured plan for the next run: plain JSON, the settings but never the twin of the data, with the
     trial budget and the candidates it could not fit (a later call with a larger ``budget_s`` measures again)."""
     if store is not None:
-        store.put(key, {"settings": plan.settings, "choices": [c.as_dict() for c in choices], "notes": notes,
-                        "budget_s": float(budget), "skipped": skipped})  # fmt: skip
+        store.put(
+            key,
+            {
+                "settings": plan.settings,
+                "choices": [c.as_dict() for c in choices],
+                "notes": notes,
+                "budget_s": float(budget),
+                "skipped": skipped,
+            },
+        )
 
 
 def _record_in_fit(plan: TunePlan, store: PlanCache | None, key: str) -> None:

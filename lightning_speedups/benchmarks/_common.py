@@ -114,7 +114,8 @@ class TimeToTarget(L.Callback):
     """
 
     def __init__(self, target: float, stop: bool = True) -> None:
-        self.target, self.stop = target, stop
+        self.target = target
+        self.stop = stop
         self.curve: list[tuple[float, float]] = []
         self.reached_at: float | None = None
         self.start = 0.0
@@ -150,7 +151,8 @@ class TrainClock(TimeToTarget):
         self.cpu_reached_at: float | None = None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_t0, self._val_c0 = time.perf_counter(), time.process_time()
+        self._val_t0 = time.perf_counter()
+        self._val_c0 = time.process_time()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start += time.perf_counter() - self._val_t0  # validation so far is not training time
@@ -159,7 +161,8 @@ class TrainClock(TimeToTarget):
         super().on_validation_epoch_end(trainer, pl_module)
         if before is None and self.reached_at is not None:
             self.cpu_reached_at = time.process_time() - self.cpu_start
-        self._val_t0, self._val_c0 = time.perf_counter(), time.process_time()
+        self._val_t0 = time.perf_counter()
+        self._val_c0 = time.process_time()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start += time.perf_counter() - self._val_t0

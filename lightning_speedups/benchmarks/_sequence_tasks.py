@@ -62,8 +62,20 @@ __all__ = [
 ]
 
 # stdlib packages read besides the top-level modules (any missing from an install is skipped)
-PACKAGES = ("asyncio", "concurrent", "email", "http", "importlib", "json", "logging", "multiprocessing", "tkinter",
-            "unittest", "urllib", "xml")  # fmt: skip
+PACKAGES = (
+    "asyncio",
+    "concurrent",
+    "email",
+    "http",
+    "importlib",
+    "json",
+    "logging",
+    "multiprocessing",
+    "tkinter",
+    "unittest",
+    "urllib",
+    "xml",
+)
 KINDS = ("function", "class", "docstring or comment", "other code")
 PAD = 0  # token ids are byte + 1, so 0 is free for padding
 VOCAB = 257
@@ -193,8 +205,12 @@ def lm_documents(block_size: int, max_docs: int, seed: int = 0) -> list[Tensor]:
     """
     paras = _all_paragraphs()
     # (paragraph, start) of every piece; a next-token loss needs at least two tokens
-    pieces = [(p, start) for p, para in enumerate(paras) for start in range(0, len(para), block_size)
-              if len(para) - start >= 2]  # fmt: skip
+    pieces = [
+        (p, start)
+        for p, para in enumerate(paras)
+        for start in range(0, len(para), block_size)
+        if len(para) - start >= 2
+    ]
     pick = torch.randperm(len(pieces), generator=torch.Generator().manual_seed(seed))[:max_docs]
     out = []
     for i in pick.tolist():
@@ -234,15 +250,18 @@ def token_budget(lengths: Sequence[int], batch_size: int, max_len: int, multiple
 
 def classifier_strategies(lengths: Sequence[int], batch_size: int, max_len: int, seed: int) -> Strategies:
     """The classifier's four ways to batch, the baseline (every batch padded to ``max_len``) first."""
-    n, bs = len(lengths), batch_size
+    n = len(lengths)
+    bs = batch_size
     budget = token_budget(lengths, bs, max_len)
     return {
         BASELINE: (_random_batches(n, bs, seed), pad_collate(multiple_of=max_len)),  # rounds every batch up to max_len
         "dynamic padding": (_random_batches(n, bs, seed), pad_collate()),
         "length-grouped": (_from_sampler(LengthGroupedSampler(lengths, bs, seed=seed)), pad_collate()),
-        "token budget": (_from_sampler(TokenBudgetBatchSampler(lengths, budget, seed=seed, multiple_of=8)),
-                         pad_collate()),
-    }  # fmt: skip
+        "token budget": (
+            _from_sampler(TokenBudgetBatchSampler(lengths, budget, seed=seed, multiple_of=8)),
+            pad_collate(),
+        ),
+    }
 
 
 def lm_strategies(lengths: Sequence[int], batch_size: int, block_size: int, seed: int) -> Strategies:
@@ -253,9 +272,11 @@ def lm_strategies(lengths: Sequence[int], batch_size: int, block_size: int, seed
     return {
         "per-document padding, random batches": (_random_batches(len(lengths), batch_size, seed), pad_collate()),
         "per-document padding, length-grouped": (
-            _from_sampler(LengthGroupedSampler(lengths, batch_size, seed=seed)), pad_collate()),
+            _from_sampler(LengthGroupedSampler(lengths, batch_size, seed=seed)),
+            pad_collate(),
+        ),
         "packing": (_from_sampler(packed), pack_collate(block_size)),
-    }  # fmt: skip
+    }
 
 
 def packed_pad_fraction(lengths: Sequence[int], batches: Batches, block_size: int) -> float:
@@ -306,7 +327,8 @@ class ByteGPT(nn.Module):
 
     def __init__(self, block_size: int, d: int = 64, heads: int = 4, layers: int = 2) -> None:
         super().__init__()
-        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(block_size, d)
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Embedding(block_size, d)
         self.blocks = nn.ModuleList(CausalBlock(d, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, VOCAB, bias=False)

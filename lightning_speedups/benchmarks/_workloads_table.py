@@ -9,8 +9,16 @@ from typing import Any
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads
 from lightning_speedups.measure import median
 
-__all__ = ["ACC_TOLERANCE", "GAIN_TOLERANCE", "LOSS_TOLERANCE", "does_not_help", "format_gain_checks", "format_summary",
-           "gain_checks", "summarize"]  # fmt: skip
+__all__ = [
+    "ACC_TOLERANCE",
+    "GAIN_TOLERANCE",
+    "LOSS_TOLERANCE",
+    "does_not_help",
+    "format_gain_checks",
+    "format_summary",
+    "gain_checks",
+    "summarize",
+]
 
 ACC_TOLERANCE = 0.005  # half a point of accuracy: a worse end than this counts against a method
 LOSS_TOLERANCE = 0.01  # a loss higher by this at the end counts against a method
@@ -61,20 +69,36 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         qualities = [r["quality"] for r in group if r["quality"] is not None]
         metric = group[0]["metric"]
         mode, target, split = _mode_target_split(task, metric, group[0]["split"])
-        out.append({
-            "task": task, "kind": group[0]["kind"], "split": split, "method": method, "metric": metric,
-            "mode": mode, "target": target, "n": len(group), "reached": len(reached),
-            "median_s": med if math.isfinite(med) else None,
-            "min_s": min(reached) if reached else None, "max_s": max(reached) if reached else None,
-            "quality": median(qualities) if qualities else None,
-            "trial_s": median([float(r.get("trial_s") or 0.0) for r in group]),
-        })  # fmt: skip
+        out.append(
+            {
+                "task": task,
+                "kind": group[0]["kind"],
+                "split": split,
+                "method": method,
+                "metric": metric,
+                "mode": mode,
+                "target": target,
+                "n": len(group),
+                "reached": len(reached),
+                "median_s": med if math.isfinite(med) else None,
+                "min_s": min(reached) if reached else None,
+                "max_s": max(reached) if reached else None,
+                "quality": median(qualities) if qualities else None,
+                "trial_s": median([float(r.get("trial_s") or 0.0) for r in group]),
+            }
+        )
     for s in out:
         _same_seed_baseline(s, groups)
-        seed_times = {m: {r["seed"]: r["time_to_target_s"] for r in groups[(s["task"], m)]}
-                      for m in (s["method"], "baseline") if (s["task"], m) in groups}  # fmt: skip
-        per_seed = [seed_times["baseline"][k] / t for k, t in seed_times.get(s["method"], {}).items()
-                    if t and seed_times.get("baseline", {}).get(k)]  # fmt: skip
+        seed_times = {
+            m: {r["seed"]: r["time_to_target_s"] for r in groups[(s["task"], m)]}
+            for m in (s["method"], "baseline")
+            if (s["task"], m) in groups
+        }
+        per_seed = [
+            seed_times["baseline"][k] / t
+            for k, t in seed_times.get(s["method"], {}).items()
+            if t and seed_times.get("baseline", {}).get(k)
+        ]
         s["ratio_min"], s["ratio_max"] = (min(per_seed), max(per_seed)) if per_seed else (None, None)
     return out
 
@@ -84,8 +108,11 @@ def _same_seed_baseline(s: dict[str, Any], groups: dict[tuple[str, str], list[di
     ran (a one-seed check is compared with the baseline of that seed, not with the median of three)."""
     seeds = {r["seed"] for r in groups[(s["task"], s["method"])]}
     base_rows = [r for r in groups.get((s["task"], "baseline"), []) if r["seed"] in seeds]
-    med = median([math.inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in base_rows]) \
-        if base_rows else math.inf  # fmt: skip
+    med = (
+        median([math.inf if r["time_to_target_s"] is None else r["time_to_target_s"] for r in base_rows])
+        if base_rows
+        else math.inf
+    )
     qualities = [r["quality"] for r in base_rows if r["quality"] is not None]
     s["base_median_s"] = med if math.isfinite(med) else None
     s["base_quality"] = median(qualities) if qualities else None
@@ -95,7 +122,8 @@ def _same_seed_baseline(s: dict[str, Any], groups: dict[tuple[str, str], list[di
 def does_not_help(s: dict[str, Any], base: dict[str, Any]) -> str | None:
     """Why a method does not help against the baseline (``None`` when it does): the baseline over the method's own
     seeds where ``s`` has it (``base_median_s``, ``base_quality``), else the baseline's summary ``base``."""
-    base_s, base_q = s.get("base_median_s", base["median_s"]), s.get("base_quality", base["quality"])
+    base_s = s.get("base_median_s", base["median_s"])
+    base_q = s.get("base_quality", base["quality"])
     if s["ratio"] is not None and s["ratio"] < 1.0:
         return f"slower ({s['ratio']:.2f}x)"
     if s["median_s"] is None and base_s is not None:
@@ -131,19 +159,35 @@ def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
     lines = []
     if rows:
         m = rows[0]["machine"]
-        lines += [f"Machine: {m.get('cpu')} ({m.get('cpu_count')} cores, {m.get('torch_threads')} torch threads), "
-                  f"torch {m.get('torch')}, device {m.get('device')}.", ""]  # fmt: skip
-    header = ["task", "split", "metric (target)", "baseline [min-max]", *methods, "quality at the end",
-              "where it does not help"]  # fmt: skip
+        lines += [
+            f"Machine: {m.get('cpu')} ({m.get('cpu_count')} cores, {m.get('torch_threads')} torch threads), "
+            f"torch {m.get('torch')}, device {m.get('device')}.",
+            "",
+        ]
+    header = [
+        "task",
+        "split",
+        "metric (target)",
+        "baseline [min-max]",
+        *methods,
+        "quality at the end",
+        "where it does not help",
+    ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for task in tasks:
         base = by_key.get((task, "baseline"))
         any_s = base or next(s for s in summary if s["task"] == task)
         target = "" if any_s["target"] is None else f" {any_s['target']:g}"
-        qualities = [f"{m}: {'n/a' if by_key.get((task, m)) is None else _q(by_key[(task, m)])}"
-                     for m in ("baseline", *methods)]  # fmt: skip
-        bad = [f"{m}: {why}" for m in methods if base and (task, m) in by_key
-               for why in [does_not_help(by_key[(task, m)], base)] if why]  # fmt: skip
+        qualities = [
+            f"{m}: {'n/a' if by_key.get((task, m)) is None else _q(by_key[(task, m)])}" for m in ("baseline", *methods)
+        ]
+        bad = [
+            f"{m}: {why}"
+            for m in methods
+            if base and (task, m) in by_key
+            for why in [does_not_help(by_key[(task, m)], base)]
+            if why
+        ]
         cells = [
             task,
             any_s["split"],
@@ -154,9 +198,12 @@ def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
             "; ".join(bad) or "-",
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    lines += ["", "Times: median over seeds of the training seconds to the target (validation not counted), the "
-              "method's trials or probe included; ratio = the baseline's median over the method's seeds / the "
-              "method's median. n/a: no row (fast_train applies to SpeedupMixin models only)."]  # fmt: skip
+    lines += [
+        "",
+        "Times: median over seeds of the training seconds to the target (validation not counted), the "
+        "method's trials or probe included; ratio = the baseline's median over the method's seeds / the "
+        "method's median. n/a: no row (fast_train applies to SpeedupMixin models only).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -191,8 +238,16 @@ def gain_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         fit = (b["train_s"] / b["steps"]) / (r["train_s"] / (r["steps"] * int(r.get("batch_scale") or 1)))
         predicted = float(r["predicted_gain"])
-        out.append({"task": r["task"], "method": r["method"], "seed": r["seed"], "predicted": predicted,
-                    "fit_gain": fit, "within": abs(fit / predicted - 1.0) <= GAIN_TOLERANCE})  # fmt: skip
+        out.append(
+            {
+                "task": r["task"],
+                "method": r["method"],
+                "seed": r["seed"],
+                "predicted": predicted,
+                "fit_gain": fit,
+                "within": abs(fit / predicted - 1.0) <= GAIN_TOLERANCE,
+            }
+        )
     return out
 
 
@@ -202,8 +257,10 @@ def format_gain_checks(checks: Sequence[dict[str, Any]]) -> str:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for c in checks:
         groups.setdefault((c["task"], c["method"]), []).append(c)
-    lines = ["| task | method | predicted (per seed) | the fit measured (per seed) | within 10% |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| task | method | predicted (per seed) | the fit measured (per seed) | within 10% |",
+        "|---|---|---|---|---|",
+    ]
     for (task, method), group in groups.items():
         predicted = ", ".join(f"{c['predicted']:.2f}x" for c in group)
         fit = ", ".join(f"{c['fit_gain']:.2f}x" for c in group)

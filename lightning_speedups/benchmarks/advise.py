@@ -76,7 +76,9 @@ def _hook_cost_s(calls: int = 20000) -> float:
 
 def _utilisation_note(summary: dict[str, Any]) -> str:
     """``baseline step <achieved> GFLOP/s = <util>% of an estimated peak of <peak>``, or why there is no utilisation."""
-    achieved, util, peak = summary.get("achieved_flops"), summary.get("utilisation"), summary.get("peak_flops")
+    achieved = summary.get("achieved_flops")
+    util = summary.get("utilisation")
+    peak = summary.get("peak_flops")
     if achieved is None:
         return "FLOPs not counted"
     head = f"baseline step {achieved / 1e9:.1f} GFLOP/s"
@@ -149,7 +151,8 @@ def threads_rows(quick: bool = True) -> list[BenchRow]:
     torch.manual_seed(0)
     model = DemoClassifier(width=32)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    x = torch.randn(32, 3, 32, 32)
+    y = torch.randint(0, 10, (32,))
 
     def steps(n: int) -> Any:
         def fn() -> None:
@@ -165,9 +168,11 @@ def threads_rows(quick: bool = True) -> list[BenchRow]:
     for label, load in (("quiet", contextlib.nullcontext()), ("beside 1 CPU-bound process", background_load())):
         with load:
             measured = fewer_threads_speedup(model, x, fewer)
-            reps = interleaved_timings({"current": steps(threads), "fewer": steps(fewer)}, repeats=3 if quick else 7,
-                                       warmup=1)  # fmt: skip
-        base, cand = median(reps["current"]), median(reps["fewer"])
+            reps = interleaved_timings(
+                {"current": steps(threads), "fewer": steps(fewer)}, repeats=3 if quick else 7, warmup=1
+            )
+        base = median(reps["current"])
+        cand = median(reps["fewer"])
         said = measured is not None and measured > 1.05
         rows.append(
             BenchRow(

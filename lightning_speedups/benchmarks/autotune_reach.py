@@ -37,8 +37,18 @@ def _tune(w: Workload, budget_s: float | None, no_bf16: bool, small: bool) -> di
     start = time.perf_counter()
     plan = autotune(model, data, cache=False, budget_s=budget_s, no_bf16=no_bf16, **trainer_kwargs(w))
     seconds = time.perf_counter() - start
-    choices = [{"name": c.name, "chosen": c.chosen, "gain": c.gain, "interval": list(c.interval), "trials": c.trials,
-                "changed": c.changed, "note": c.note} for c in plan.choices]  # fmt: skip
+    choices = [
+        {
+            "name": c.name,
+            "chosen": c.chosen,
+            "gain": c.gain,
+            "interval": list(c.interval),
+            "trials": c.trials,
+            "changed": c.changed,
+            "note": c.note,
+        }
+        for c in plan.choices
+    ]
     return {"seconds": seconds, "choices": choices, "notes": list(plan.notes)}
 
 
@@ -69,9 +79,20 @@ def run_suite(
         default = _tune(w, None, no_bf16, small)
         measured = {c["name"] for c in default["choices"] if c["trials"] > 0}
         missed = [c["name"] for c in reference["choices"] if c["gain"] >= MATTERS and c["name"] not in measured]
-        rows.append({"task": w.name, "kind": w.kind, "split": w.split, "no_bf16": no_bf16, "machine": machine,
-                     "reference_s": reference_s, "reference": reference, "default": default, "missed": missed,
-                     "small": small})  # fmt: skip
+        rows.append(
+            {
+                "task": w.name,
+                "kind": w.kind,
+                "split": w.split,
+                "no_bf16": no_bf16,
+                "machine": machine,
+                "reference_s": reference_s,
+                "reference": reference,
+                "default": default,
+                "missed": missed,
+                "small": small,
+            }
+        )
         if path is not None:
             write_rows(path, rows)
         if echo:
@@ -85,7 +106,8 @@ def _gains(run: dict[str, Any]) -> str:
 
 
 def _line(row: dict[str, Any]) -> str:
-    ref, default = row["reference"], row["default"]
+    ref = row["reference"]
+    default = row["default"]
     return (
         f"{row['task']}: reference ({ref['seconds']:.0f} s) {_gains(ref)}; default ({default['seconds']:.1f} s) "
         f"{_gains(default)}; missed {row['missed'] or 'none'}"
@@ -94,8 +116,11 @@ def _line(row: dict[str, Any]) -> str:
 
 def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     """A markdown table: per task, what each run measured (kept option and gain) and what the default missed."""
-    lines = ["| task | split | bf16 allowed | generous budget measured | default budget measured (s) | missed >= "
-             f"{MATTERS}x |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| task | split | bf16 allowed | generous budget measured | default budget measured (s) | missed >= "
+        f"{MATTERS}x |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['split']} | {'no' if r['no_bf16'] else 'yes'} | {_gains(r['reference'])} | "

@@ -32,8 +32,16 @@ __all__ = ["run"]
 
 
 def _trainer(**kw: Any) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        **kw,
+    )
 
 
 def _task(size: int, classes: list[int] | None = None) -> tuple[DemoClassifier, DigitsDataModule]:
@@ -51,7 +59,8 @@ def _train_samples(size: int, batch: int, samples: int, classes: list[int] | Non
     steps = max(2, math.ceil(samples / batch))
 
     def fn() -> int:
-        seen, it = 0, iter(dm.train_dataloader())
+        seen = 0
+        it = iter(dm.train_dataloader())
         for _ in range(steps):
             try:
                 x, y = next(it)
@@ -108,13 +117,26 @@ def run(quick: bool = True) -> list[BenchRow]:
     for _ in range(2 if quick else 5):  # interleaved, so machine noise reaches both alike (a search is 0.5-3 s)
         times["lightning"].append(lightning())
         times["ours"].append(ours())
-    t_pl, t_ours = median(times["lightning"]), median(times["ours"])
-    result, pl_choice = found["ours"], found["lightning"]
+    t_pl = median(times["lightning"])
+    t_ours = median(times["ours"])
+    result = found["ours"]
+    pl_choice = found["lightning"]
 
     # exhaustive reference: every power of two from 8 to the training-set size, 3 full timed steps per size
     model, dm = _task(size, classes)
-    sweep = find_batch_size(_trainer(max_epochs=1), model, dm, mode="sweep", init_val=8, steps_per_trial=3,
-                            warmup_steps=1, trial_samples=None, trial_time=None, verbose=False, progress_bar=False)
+    sweep = find_batch_size(
+        _trainer(max_epochs=1),
+        model,
+        dm,
+        mode="sweep",
+        init_val=8,
+        steps_per_trial=3,
+        warmup_steps=1,
+        trial_samples=None,
+        trial_time=None,
+        verbose=False,
+        progress_bar=False,
+    )
     best = max((t for t in sweep.trials if t.ok), key=lambda t: t.samples_per_s).batch_size
 
     # the three chosen sizes, trained interleaved on the same sample budget
@@ -126,26 +148,49 @@ def run(quick: bool = True) -> list[BenchRow]:
 
     ratio_t = t_pl / max(t_ours, 1e-9)
     ratio_b = sps["ours"] / sps["sweep_best"]
-    common = {"sweep": [(t.batch_size, round(t.samples_per_s, 1)) for t in sweep.trials], "image_size": size,
-              "train_images": len(dm.train_set) if hasattr(dm, "train_set") else None}
+    common = {
+        "sweep": [(t.batch_size, round(t.samples_per_s, 1)) for t in sweep.trials],
+        "image_size": size,
+        "train_images": len(dm.train_set) if hasattr(dm, "train_set") else None,
+    }
     rows = [
-        BenchRow("batch_size_finder", "search time: ours vs Lightning BatchSizeFinder (uncapped)", "search_time",
-                 t_pl, t_ours, ratio_t, "s",
-                 note=f"ours chose {result.chosen} ({result.stop_reason}, {len(result.trials)} sizes), Lightning "
-                      f"chose {pl_choice} (power mode from 2 up to the dataset size); medians of "
-                      f"{len(times['ours'])} interleaved runs; target ratio >= 4"
-                      + ("" if ratio_t >= 4 else " NOT MET"),
-                 extra={**common, "ours_trials": [(t.batch_size, len(t.step_times)) for t in result.trials],
-                        "times": times}),
-        BenchRow("batch_size_finder", f"samples/s at our choice ({result.chosen}) vs sweep best ({best})",
-                 "throughput", sps["sweep_best"], sps["ours"], ratio_b, "samples/s",
-                 note="target ratio >= 0.9" + ("" if ratio_b >= 0.9 else " NOT MET")
-                      + "; accuracy not measured: batch size changes optimisation, use scale_lr",
-                 extra={**common, "quality_ratio": True}),
-        BenchRow("batch_size_finder", f"samples/s at Lightning's choice ({pl_choice}) vs sweep best ({best})",
-                 "throughput", sps["sweep_best"], sps["lightning"], sps["lightning"] / sps["sweep_best"], "samples/s",
-                 note="Lightning grows until OOM / dataset size, it does not look at speed",
-                 extra={**common, "quality_ratio": True}),
+        BenchRow(
+            "batch_size_finder",
+            "search time: ours vs Lightning BatchSizeFinder (uncapped)",
+            "search_time",
+            t_pl,
+            t_ours,
+            ratio_t,
+            "s",
+            note=f"ours chose {result.chosen} ({result.stop_reason}, {len(result.trials)} sizes), Lightning "
+            f"chose {pl_choice} (power mode from 2 up to the dataset size); medians of "
+            f"{len(times['ours'])} interleaved runs; target ratio >= 4" + ("" if ratio_t >= 4 else " NOT MET"),
+            extra={**common, "ours_trials": [(t.batch_size, len(t.step_times)) for t in result.trials], "times": times},
+        ),
+        BenchRow(
+            "batch_size_finder",
+            f"samples/s at our choice ({result.chosen}) vs sweep best ({best})",
+            "throughput",
+            sps["sweep_best"],
+            sps["ours"],
+            ratio_b,
+            "samples/s",
+            note="target ratio >= 0.9"
+            + ("" if ratio_b >= 0.9 else " NOT MET")
+            + "; accuracy not measured: batch size changes optimisation, use scale_lr",
+            extra={**common, "quality_ratio": True},
+        ),
+        BenchRow(
+            "batch_size_finder",
+            f"samples/s at Lightning's choice ({pl_choice}) vs sweep best ({best})",
+            "throughput",
+            sps["sweep_best"],
+            sps["lightning"],
+            sps["lightning"] / sps["sweep_best"],
+            "samples/s",
+            note="Lightning grows until OOM / dataset size, it does not look at speed",
+            extra={**common, "quality_ratio": True},
+        ),
     ]
     return rows + run_under_load(quick)
 
@@ -211,9 +256,17 @@ def run_under_load(quick: bool = True, runs: int | None = None) -> list[BenchRow
             b, t, (r, untrusted) = ours()
             chosen.append(b)
             t_ours.append(t)
-            details.append({"chosen": b, "search_s": round(t, 2), "stop": r.stop_reason, "untrusted": untrusted,
-                            "sizes": [x.batch_size for x in r.trials], "remeasured": len(r.remeasured),
-                            "final": r.final.get("median_samples_per_s")})
+            details.append(
+                {
+                    "chosen": b,
+                    "search_s": round(t, 2),
+                    "stop": r.stop_reason,
+                    "untrusted": untrusted,
+                    "sizes": [x.batch_size for x in r.trials],
+                    "remeasured": len(r.remeasured),
+                    "final": r.final.get("median_samples_per_s"),
+                }
+            )
             if i < pl_runs:  # Lightning's search interleaved with ours, so both see the same load
                 t_pl.append(lightning())
         # the reference: every ladder size trained interleaved on the same sample budget, under the same load
@@ -230,19 +283,37 @@ def run_under_load(quick: bool = True, runs: int | None = None) -> list[BenchRow
     hits = sum(q >= 0.9 for q in quality)
     ratio_t = median(t_pl) / max(median(t_ours), 1e-9)
     need = math.ceil(0.9 * runs)
-    common = {"load": "1 busy-loop process", "sweep_samples_per_s": {b: round(v, 1) for b, v in sps.items()},
-              "runs": details, "image_size": size}
+    common = {
+        "load": "1 busy-loop process",
+        "sweep_samples_per_s": {b: round(v, 1) for b, v in sps.items()},
+        "runs": details,
+        "image_size": size,
+    }
     return [
-        BenchRow("batch_size_finder", f"under load: our choice vs sweep best ({best}), median of {runs} runs",
-                 "throughput", sps[best], median([sps.get(b, 0.0) for b in chosen]), median(quality), "samples/s",
-                 note=f"{hits} of {runs} runs >= 0.9x (chosen {chosen}; per run {[round(q, 2) for q in quality]}); "
-                      f"target {need} of {runs}" + ("" if hits >= need else " NOT MET"),
-                 extra={**common, "quality_ratio": True}),
-        BenchRow("batch_size_finder", "under load: search time, ours vs Lightning BatchSizeFinder", "search_time",
-                 median(t_pl), median(t_ours), ratio_t, "s",
-                 note=f"medians of {len(t_ours)} (ours) and {len(t_pl)} (Lightning) interleaved runs; ours "
-                      f"{[round(t, 1) for t in t_ours]} s; target ratio >= 4" + ("" if ratio_t >= 4 else " NOT MET"),
-                 extra=common),
+        BenchRow(
+            "batch_size_finder",
+            f"under load: our choice vs sweep best ({best}), median of {runs} runs",
+            "throughput",
+            sps[best],
+            median([sps.get(b, 0.0) for b in chosen]),
+            median(quality),
+            "samples/s",
+            note=f"{hits} of {runs} runs >= 0.9x (chosen {chosen}; per run {[round(q, 2) for q in quality]}); "
+            f"target {need} of {runs}" + ("" if hits >= need else " NOT MET"),
+            extra={**common, "quality_ratio": True},
+        ),
+        BenchRow(
+            "batch_size_finder",
+            "under load: search time, ours vs Lightning BatchSizeFinder",
+            "search_time",
+            median(t_pl),
+            median(t_ours),
+            ratio_t,
+            "s",
+            note=f"medians of {len(t_ours)} (ours) and {len(t_pl)} (Lightning) interleaved runs; ours "
+            f"{[round(t, 1) for t in t_ours]} s; target ratio >= 4" + ("" if ratio_t >= 4 else " NOT MET"),
+            extra=common,
+        ),
     ]
 
 

@@ -74,8 +74,9 @@ def _search(w: Workload, small: bool, **kwargs: Any) -> tuple[BatchSizeSearchRes
 def _sweep_pass(w: Workload, small: bool, steps: int, **sizes: int) -> BatchSizeSearchResult:
     """One ``mode="sweep"`` pass over ``sizes`` (``max_val``, and ``init_val`` for one size alone): every size one
     warm-up step (the first only, on CPU) then ``steps`` timed ones."""
-    result, _s, _u = _search(w, small, mode="sweep", steps_per_trial=steps, warmup_steps=1, trial_samples=None,
-                             trial_time=None, **sizes)  # fmt: skip
+    result, _s, _u = _search(
+        w, small, mode="sweep", steps_per_trial=steps, warmup_steps=1, trial_samples=None, trial_time=None, **sizes
+    )
     return result
 
 
@@ -98,14 +99,24 @@ def _sweep(w: Workload, max_val: int, passes: int, small: bool, steps: int) -> d
 
 def _searches(w: Workload, runs: int, max_val: int, small: bool, sweep: dict[str, Any]) -> dict[str, Any]:
     """``runs`` default searches, each choice scored against ``sweep``'s best size."""
-    found, rates = [], {int(b): r for b, r in sweep["rates"].items()}  # a sweep row read back has str keys
+    found = []
+    rates = {int(b): r for b, r in sweep["rates"].items()}  # a sweep row read back has str keys
     for _ in range(runs):
         result, seconds, untrusted = _search(w, small, max_val=max_val)
         rate = rates.get(result.chosen)
         score = None if rate is None else rate / rates[int(sweep["best"])]
-        found.append({"chosen": result.chosen, "score": score, "search_s": seconds, "untrusted": untrusted,
-                      "stop": result.stop_reason, "sizes": [t.batch_size for t in result.trials],
-                      "note": result.note, "decisions": result.decisions})  # fmt: skip
+        found.append(
+            {
+                "chosen": result.chosen,
+                "score": score,
+                "search_s": seconds,
+                "untrusted": untrusted,
+                "stop": result.stop_reason,
+                "sizes": [t.batch_size for t in result.trials],
+                "note": result.note,
+                "decisions": result.decisions,
+            }
+        )
     return {"searches": found, "best": sweep["best"]}
 
 
@@ -134,7 +145,8 @@ def _paired(w: Workload, rounds: int, small: bool, steps: int, searched: dict[st
 
 
 def _phase(w: Workload, phase: str, args: dict[str, Any], held: dict[str, Any]) -> dict[str, Any]:
-    max_val, small = args["max_val"], args["small"]
+    max_val = args["max_val"]
+    small = args["small"]
     if phase == "sweep":
         return _sweep(w, max_val, args["passes"], small, args["steps"])
     if phase == "quiet":
@@ -175,14 +187,24 @@ def run_suite(
         SpeedupConfigError: an unknown task or a bad count, before anything runs.
     """
     check_bool("quick", quick)
-    for name, value, low in (("runs", runs, 1), ("load_runs", load_runs, 0), ("max_val", max_val, 16),
-                             ("passes", passes, 1)):  # fmt: skip
+    for name, value, low in (
+        ("runs", runs, 1),
+        ("load_runs", load_runs, 0),
+        ("max_val", max_val, 16),
+        ("passes", passes, 1),
+    ):
         check_int(name, value, low)
     workloads = [get_workload(n) for n in (tasks or (QUICK_TASKS if quick else list_workloads()))]
-    args = {"max_val": 32 if quick else max_val, "small": quick, "passes": 1 if quick else passes,
-            "runs": 1 if quick else runs, "load_runs": min(load_runs, 1) if quick else load_runs,
-            "steps": 2 if quick else 4, "load_passes": 1 if quick else max(passes, LOAD_PASSES),
-            "rounds": {k: 1 if quick else v for k, v in PAIRED_ROUNDS.items()}}  # fmt: skip
+    args = {
+        "max_val": 32 if quick else max_val,
+        "small": quick,
+        "passes": 1 if quick else passes,
+        "runs": 1 if quick else runs,
+        "load_runs": min(load_runs, 1) if quick else load_runs,
+        "steps": 2 if quick else 4,
+        "load_passes": 1 if quick else max(passes, LOAD_PASSES),
+        "rounds": {k: 1 if quick else v for k, v in PAIRED_ROUNDS.items()},
+    }
     path = Path(json_path) if json_path is not None else None
     rows = read_rows(path, ("task", "phase")) if path is not None else []
     machine = machine_info()
@@ -191,8 +213,16 @@ def run_suite(
         for phase in PHASES:
             if phase in held or (phase.startswith("load") and not args["load_runs"]):
                 continue
-            row = {"task": w.name, "kind": w.kind, "split": w.split, "phase": phase, "max_val": args["max_val"],
-                   "machine": machine, "small": quick, **_phase(w, phase, args, held)}  # fmt: skip
+            row = {
+                "task": w.name,
+                "kind": w.kind,
+                "split": w.split,
+                "phase": phase,
+                "max_val": args["max_val"],
+                "machine": machine,
+                "small": quick,
+                **_phase(w, phase, args, held),
+            }
             held[phase] = row
             rows.append(row)
             if path is not None:
@@ -261,7 +291,8 @@ def format_summary(summary: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
-        q, ld = s.get("quiet"), s.get("load")
+        q = s.get("quiet")
+        ld = s.get("load")
         lines.append(
             f"| {s['task']} | {s['split']} | {_cell(q, 'best')} | {_cell(q, 'chosen')} | "
             f"{'-' if q is None else min(q['scores'])} | {_hits(q)} | {_cell(ld, 'best')} | {_hits(ld)} | "

@@ -50,7 +50,8 @@ def _digits_accuracy(model: nn.Module, channels_last: bool, epochs: int = 1, bat
     g = torch.Generator().manual_seed(0)
     perm = torch.randperm(len(x_all), generator=g)
     n_train = int(0.8 * len(perm))
-    tr, va = perm[:n_train], perm[n_train:]
+    tr = perm[:n_train]
+    va = perm[n_train:]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
@@ -89,7 +90,8 @@ def run_channels_last(quick: bool = True) -> list[BenchRow]:
         diff = float((base.eval()(x) - cand.eval()(x_cl)).abs().max())
     base.train()
     cand.train()
-    step_base, step_cand = _stepper(base, x, y), _stepper(cand, x_cl, y)
+    step_base = _stepper(base, x, y)
+    step_cand = _stepper(cand, x_cl, y)
     times = interleaved_timings(
         {"nchw": lambda: step_base(steps), "nhwc": lambda: step_cand(steps)}, repeats=repeats, warmup=1
     )
@@ -162,13 +164,16 @@ def _compile_row(name: str, make: Callable[[], nn.Module], x: torch.Tensor, repe
     nn.functional.cross_entropy(out, y).backward()  # ... and, lazily, the backward
     first = time.perf_counter() - start
     diff = float((eager(x) - out).detach().abs().max())  # same weights: the compiled kernels' numerical difference
-    step_eager, step_compiled = _stepper(eager, x, y), _stepper(compiled, x, y)  # zero_grad drops the grads above
+    # zero_grad drops the grads above
+    step_eager = _stepper(eager, x, y)
+    step_compiled = _stepper(compiled, x, y)
     times = interleaved_timings(
         {"eager": lambda: step_eager(steps), "compiled": lambda: step_compiled(steps)}, repeats=repeats, warmup=1
     )
     compile_s = max(first - median(times["compiled"]) / steps, 0.0)
     samples = x.shape[0] * steps
-    base_t, cand_t = median(times["eager"]), median(times["compiled"])
+    base_t = median(times["eager"])
+    cand_t = median(times["compiled"])
     break_even = compile_s / max(base_t / steps - cand_t / steps, 1e-12) if base_t > cand_t else float("inf")
     return BenchRow(
         technique="compile",

@@ -22,7 +22,9 @@ from lightning_speedups.measure import interleaved_timings, median, speed_ratio,
 
 __all__ = ["run"]
 
-_MEAN, _STD = [0.5] * 3, [0.25] * 3  # the ShapesDataModule's normalisation
+# the ShapesDataModule's normalisation
+_MEAN = [0.5] * 3
+_STD = [0.25] * 3
 
 
 def _pipelines(n: int, batch_size: int, seed: int = 0) -> dict[str, Callable[[], Iterable[Any]]]:
@@ -165,13 +167,15 @@ def run(quick: bool = True) -> list[BenchRow]:
         from lightning_speedups.demo import ShapesDataset
 
         val = ShapesDataset(n=1024, seed=12345)
-        seeds, epochs = (0, 1), 2
+        seeds = (0, 1)
+        epochs = 2
         accs: dict[str, list[float]] = {"dataloader+v2": [], cand: []}
         for seed in seeds:  # one-epoch accuracies are noisy: average over seeds (model init, order, augmentation)
             for name in accs:
                 loader = _pipelines(n, batch_size, seed=seed)[name]()
                 accs[name].append(_train_accuracy(loader, (val.images, val.labels), epochs, seed))
-        acc_base, acc_cand = sum(accs["dataloader+v2"]) / len(seeds), sum(accs[cand]) / len(seeds)
+        acc_base = sum(accs["dataloader+v2"]) / len(seeds)
+        acc_cand = sum(accs[cand]) / len(seeds)
         note += f"; accuracy: DemoClassifier(width=8), {epochs} epochs, mean of {len(seeds)} seeds"
     samples = steps * batch_size
     rows.append(

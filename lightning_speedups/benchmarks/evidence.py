@@ -86,9 +86,11 @@ def _workloads_rows(payload: list[dict[str, Any]]) -> str:
     checks = wt.gain_checks(payload)
     if not checks:
         return table
-    return (f"{table}\nautotune's predicted step-time gain (`TunePlan.gain`: its kept trials' ratios times its "
-            f"methods' per-step costs) against the gain its fit ran at, per sample, over the whole run:\n\n"
-            f"{wt.format_gain_checks(checks)}")
+    return (
+        f"{table}\nautotune's predicted step-time gain (`TunePlan.gain`: its kept trials' ratios times its "
+        f"methods' per-step costs) against the gain its fit ran at, per sample, over the whole run:\n\n"
+        f"{wt.format_gain_checks(checks)}"
+    )
 
 
 def _ceiling_rows(payload: list[dict[str, Any]]) -> str:
@@ -125,42 +127,80 @@ def _lr_grid_rows(payload: list[dict[str, Any]]) -> str:
 ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
     "workloads.json": ("workloads", "Held-out and dev tasks", _workloads_rows),
     "workloads_no_bf16.json": ("workloads", "With `no_bf16=True` (`--no-bf16`): the fp32 path", _workloads_rows),
-    "workloads_in_fit.json": ("workloads", "autotune with precision timed on the fit's own steps (its default on a "
-                              "CPU with bf16 units)", _workloads_rows),
+    "workloads_in_fit.json": (
+        "workloads",
+        "autotune with precision timed on the fit's own steps (its default on a CPU with bf16 units)",
+        _workloads_rows,
+    ),
     "workloads_amx.json": ("workloads", "On a CPU with AMX bf16 units", _workloads_rows),
-    "workloads_mlm.json": ("workloads", "A held-out Hugging Face masked LM, added after the rules were set",
-                           _workloads_rows),
-    "workloads_segment.json": ("workloads", "A held-out U-Net segmentation task, added after the rules were set",
-                               _workloads_rows),
-    "workloads_conv_rule.json": ("workloads", "The EMA out of the conv default plan: a new held-out denoiser, the "
-                                 "U-Net (dev since) and resnet18", _workloads_rows),
-    "workloads_schedule_rule.json": ("workloads", "The schedule out of the conv default plan: a new held-out box "
-                                     "regressor and the denoiser", _workloads_rows),
+    "workloads_mlm.json": (
+        "workloads",
+        "A held-out Hugging Face masked LM, added after the rules were set",
+        _workloads_rows,
+    ),
+    "workloads_segment.json": (
+        "workloads",
+        "A held-out U-Net segmentation task, added after the rules were set",
+        _workloads_rows,
+    ),
+    "workloads_conv_rule.json": (
+        "workloads",
+        "The EMA out of the conv default plan: a new held-out denoiser, the U-Net (dev since) and resnet18",
+        _workloads_rows,
+    ),
+    "workloads_schedule_rule.json": (
+        "workloads",
+        "The schedule out of the conv default plan: a new held-out box regressor and the denoiser",
+        _workloads_rows,
+    ),
     "workloads_setup_once.json": ("workloads", "The fit reuses the DataModule setup autotune ran", _workloads_rows),
     "workloads_box_seeds.json": ("workloads", "box_cnn on three more seeds", _workloads_rows),
     "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
-    "workloads_bf16_heldout.json": ("workloads", "The held-out tasks and the GPT on one CPU with bf16 units, first "
-                                    "run", _workloads_rows),
-    "workloads_no_bf16_heldout.json": ("workloads", "The same tasks on the same CPU with `--no-bf16`, first run",
-                                       _workloads_rows),
-    "workloads_layout_trial.json": ("workloads", "channels_last timed on the fit's own steps as autotune's default "
-                                    "(withdrawn), bf16 allowed", _workloads_rows),
+    "workloads_bf16_heldout.json": (
+        "workloads",
+        "The held-out tasks and the GPT on one CPU with bf16 units, first run",
+        _workloads_rows,
+    ),
+    "workloads_no_bf16_heldout.json": (
+        "workloads",
+        "The same tasks on the same CPU with `--no-bf16`, first run",
+        _workloads_rows,
+    ),
+    "workloads_layout_trial.json": (
+        "workloads",
+        "channels_last timed on the fit's own steps as autotune's default (withdrawn), bf16 allowed",
+        _workloads_rows,
+    ),
     "workloads_layout_trial_no_bf16.json": ("workloads", "The same with `--no-bf16`", _workloads_rows),
-    "workloads_amdahl.json": ("workloads", "channels_last's Amdahl check, the fetch-timed data path and a new held-out "
-                              "ConvNeXt, bf16 allowed", _workloads_rows),
+    "workloads_amdahl.json": (
+        "workloads",
+        "channels_last's Amdahl check, the fetch-timed data path and a new held-out ConvNeXt, bf16 allowed",
+        _workloads_rows,
+    ),
     "workloads_amdahl_no_bf16.json": ("workloads", "The same with `--no-bf16`", _workloads_rows),
-    "workloads_ceiling.json": ("workloads", "The most the candidates could gain, per task: an oracle's time to the "
-                               "target", _ceiling_rows),
-    "workloads_precision_trial.json": ("precision_trial", "PrecisionTrial beside the plain fp32 run and the same run "
-                                       "at `precision=\"bf16-mixed\"`", _workloads_rows),
-    "batch_size_suite.json": ("batch_size_finder", "The finder on every workload, against a sweep of every size",
-                              _batch_size_suite_rows),
+    "workloads_ceiling.json": (
+        "workloads",
+        "The most the candidates could gain, per task: an oracle's time to the target",
+        _ceiling_rows,
+    ),
+    "workloads_precision_trial.json": (
+        "precision_trial",
+        'PrecisionTrial beside the plain fp32 run and the same run at `precision="bf16-mixed"`',
+        _workloads_rows,
+    ),
+    "batch_size_suite.json": (
+        "batch_size_finder",
+        "The finder on every workload, against a sweep of every size",
+        _batch_size_suite_rows,
+    ),
     "autotune_reach.json": ("autotune", "What the default trial budget reaches, per workload", _autotune_reach_rows),
-    "fewer_steps.json": ("optim", "Fewer steps to the target: Muon, schedule-free AdamW and WSD against each task's "
-                         "own optimizer", _fewer_steps_rows),
-    "lr_grid.json": ("lr_finder", "The LR finder against a coarse grid of learning rates, per workload",
-                     _lr_grid_rows),
-}  # fmt: skip
+    "fewer_steps.json": (
+        "optim",
+        "Fewer steps to the target: Muon, schedule-free AdamW and WSD against each task's own optimizer",
+        _fewer_steps_rows,
+    ),
+    "lr_grid.json": ("lr_finder", "The LR finder against a coarse grid of learning rates, per workload", _lr_grid_rows),
+}
 
 
 def _row_file(name: str, payload: list[dict[str, Any]], head: str, source: str) -> list[tuple[str, str, str]]:

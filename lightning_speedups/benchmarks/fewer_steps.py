@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -49,7 +48,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups.benchmarks._common import comma_list
+from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks.lr_grid import QUICK_OVERRIDES, NoLr, with_lr
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
@@ -225,13 +224,6 @@ def _key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["task"], r["seed"], r["method"], r["lr_factor"], r["no_bf16"])
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 def run(
     tasks: Sequence[str],
     methods: Sequence[str] = METHODS,
@@ -248,7 +240,7 @@ def run(
     machine's load, so they may train beside other jobs; the step times should not)."""
     for m in methods:
         check_choice("methods", m, METHODS)
-    rows: list[dict[str, Any]] = json.loads(path.read_text()) if path is not None and path.exists() else []
+    rows = read_rows(path, ("task", "method", "no_bf16")) if path is not None else []
     done = {_key(r) for r in rows}
     best = grid_best_factors()
     machine = machine_info()
@@ -262,7 +254,7 @@ def run(
                 row.update(step_s=seconds, machine=machine)
                 rows.append(row)
             if path is not None:
-                _write(path, rows)
+                write_rows(path, rows)
         factors = sorted({1.0, float(best.get(task, 1.0))})
         for seed in seeds if runs else ():
             order = list(methods[seed % len(methods) :]) + list(methods[: seed % len(methods)])
@@ -285,7 +277,7 @@ def run(
                     row["machine"] = machine
                     rows.append(row)
                     if path is not None:
-                        _write(path, rows)
+                        write_rows(path, rows)
                     _echo(row)
     return rows
 

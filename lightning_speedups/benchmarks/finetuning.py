@@ -53,7 +53,8 @@ def step_ratio(quick: bool = True) -> BenchRow:
     freeze(frozen)
     for p in frozen.fc.parameters():
         p.requires_grad_(True)
-    x, y = torch.randn(batch, 3, size, size), torch.randint(0, 5, (batch,))
+    x = torch.randn(batch, 3, size, size)
+    y = torch.randint(0, 5, (batch,))
     # both optimizers hold every parameter, as FineTuneFreezing's "all groups up front" approach does
     steps = {
         "full": _step(full, x, y, torch.optim.Adam(full.parameters(), lr=1e-4)),
@@ -71,8 +72,10 @@ def step_ratio(quick: bool = True) -> BenchRow:
         candidate=median(times["frozen"]),
         ratio=ratio,
         unit="s",
-        note=(f"batch {batch}x3x{size}x{size}; {trained:,} of {total:,} params trained"
-              + ("" if ratio > 1.05 else "; no speedup")),
+        note=(
+            f"batch {batch}x3x{size}x{size}; {trained:,} of {total:,} params trained"
+            + ("" if ratio > 1.05 else "; no speedup")
+        ),
         extra={"times_full": times["full"], "times_frozen": times["frozen"]},
     )
 
@@ -82,7 +85,8 @@ def _loaders(classes: list[int], batch_size: int, seed: int) -> tuple[DataLoader
     x = (images.float() / 255.0 - DIGITS_MEAN) / DIGITS_STD
     perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     n_val = len(labels) // 5
-    tr, va = perm[n_val:], perm[:n_val]
+    tr = perm[n_val:]
+    va = perm[:n_val]
     g = torch.Generator().manual_seed(seed)
     train = DataLoader(TensorDataset(x[tr], labels[tr]), batch_size=batch_size, shuffle=True, generator=g)
     return train, DataLoader(TensorDataset(x[va], labels[va]), batch_size=512)
@@ -109,9 +113,16 @@ class _Clock(L.Callback):
 
 def _trainer(epochs: int, callbacks: list[L.Callback], val_every: float = 1.0) -> L.Trainer:
     return L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
         val_check_interval=val_every,
-        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, callbacks=callbacks,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
     )
 
 
@@ -121,7 +132,6 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
     Ratio = full time / gradual time (0 if gradual never gets there, inf if only gradual does).
     """
     from lightning_speedups.callbacks.finetuning import FineTuneFreezing
-
 
     width, pre_epochs, epochs = (8, 3, 3) if quick else (16, 4, 6)
     L.seed_everything(0, verbose=False)
@@ -144,14 +154,16 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
     def reach(clock: _Clock) -> float:
         return next((t for t, acc in clock.curve if acc >= target), float("inf"))
 
-    t_full, t_grad = reach(results["full"]), reach(results["gradual"])
+    t_full = reach(results["full"])
+    t_grad = reach(results["gradual"])
     ratio = t_full / t_grad if t_grad not in (0.0, float("inf")) else 0.0
     if t_full == float("inf") and t_grad < float("inf"):
         ratio = float("inf")
     note = f"pretrained {pre_epochs} epochs on 0-4, {epochs} epochs on 5-9, val every half epoch; train time only"
     if t_full == float("inf") or t_grad == float("inf"):
         note += f"; target {target:.0%} not reached by " + " and ".join(
-            n for n, t in (("full", t_full), ("gradual", t_grad)) if t == float("inf"))
+            n for n, t in (("full", t_full), ("gradual", t_grad)) if t == float("inf")
+        )
     elif ratio <= 1.0:
         note += "; no speedup"
     return BenchRow(

@@ -43,18 +43,54 @@ from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.callbacks.lr_finder import LRFinder
 from lightning_speedups.measure import machine_info
 
-__all__ = ["FINDER_KEYS", "GRID", "QUICK_TASKS", "ROW_KEYS", "format_summary", "main", "run_grid", "summarize",
-           "tolerance"]  # fmt: skip
+__all__ = [
+    "FINDER_KEYS",
+    "GRID",
+    "QUICK_TASKS",
+    "ROW_KEYS",
+    "format_summary",
+    "main",
+    "run_grid",
+    "summarize",
+    "tolerance",
+]
 
 GRID = (0.1, 0.3, 1.0, 3.0, 10.0)  # multiples of the task's own lr
 QUICK_TASKS = ("tabular_mlp", "gru_stdlib")  # an accuracy and a loss task, both cheap in their small builds
-QUICK_OVERRIDES: dict[str, Any] = {"max_epochs": -1, "max_steps": 2, "limit_train_batches": 2,
-                                   "val_check_interval": 1.0, "limit_val_batches": 1}  # fmt: skip
+QUICK_OVERRIDES: dict[str, Any] = {
+    "max_epochs": -1,
+    "max_steps": 2,
+    "limit_train_batches": 2,
+    "val_check_interval": 1.0,
+    "limit_val_batches": 1,
+}
 QUICK_FINDER_STEPS = 5
-ROW_KEYS = ("task", "split", "kind", "seed", "method", "lr_factor", "task_lr", "lr", "quality", "metric", "mode",
-            "steps", "curve", "notes", "machine")  # fmt: skip
-FINDER_KEYS = ("finder_rule", "finder_suggestions", "finder_planned_steps", "finder_steps_run", "finder_lr_covered",
-               "finder_stop_reason", "finder_curve")  # fmt: skip
+ROW_KEYS = (
+    "task",
+    "split",
+    "kind",
+    "seed",
+    "method",
+    "lr_factor",
+    "task_lr",
+    "lr",
+    "quality",
+    "metric",
+    "mode",
+    "steps",
+    "curve",
+    "notes",
+    "machine",
+)
+FINDER_KEYS = (
+    "finder_rule",
+    "finder_suggestions",
+    "finder_planned_steps",
+    "finder_steps_run",
+    "finder_lr_covered",
+    "finder_stop_reason",
+    "finder_curve",
+)
 SMALL_NOTE = "small build (smoke test: the verdict does not apply)"
 # metric name contains -> how close to the best grid value the finder must land (a PSNR in dB: 0.1 dB is 2% of the
 # squared error, about what 0.02 is of the suite's cross-entropy losses)
@@ -83,9 +119,12 @@ def with_lr(w: Workload, factor: float, seen: dict[str, float]) -> Workload:
         model, data = w.build(seed, small=small)
         base = getattr(model, "lr", None)
         if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
-            raise NoLr(f"{type(model).__name__} has no positive numeric `lr` attribute (found {base!r}); the grid "
-                        "multiplies the task's own lr, read by its configure_optimizers")  # fmt: skip
-        seen["task_lr"], seen["lr"] = float(base), float(base) * factor
+            raise NoLr(
+                f"{type(model).__name__} has no positive numeric `lr` attribute (found {base!r}); the grid "
+                "multiplies the task's own lr, read by its configure_optimizers"
+            )
+        seen["task_lr"] = float(base)
+        seen["lr"] = float(base) * factor
         model.lr = seen["lr"]
         return model, data
 
@@ -94,8 +133,16 @@ def with_lr(w: Workload, factor: float, seen: dict[str, float]) -> Workload:
 
 def _base_row(w: Workload, seed: int, method: str, quick: bool) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
-    row.update(task=w.name, split=w.split, kind=w.kind, seed=seed, method=method, metric=w.metric, mode=w.mode,
-               notes=SMALL_NOTE if quick else "")  # fmt: skip
+    row.update(
+        task=w.name,
+        split=w.split,
+        kind=w.kind,
+        seed=seed,
+        method=method,
+        metric=w.metric,
+        mode=w.mode,
+        notes=SMALL_NOTE if quick else "",
+    )
     return row
 
 
@@ -121,11 +168,22 @@ def _measure(w: Workload, seed: int, method: str, factor: float | None, quick: b
     if method == "lr_finder":
         finder = LRFinder(num_training_steps=QUICK_FINDER_STEPS) if quick else LRFinder()
     overrides = {**(QUICK_OVERRIDES if quick else {}), "default_root_dir": root}  # the range test's checkpoint
-    result = time_to_target(with_lr(w, 1.0 if factor is None else factor, seen), seed,
-                            callbacks=[finder] if finder else [], trainer_overrides=overrides, small=quick)  # fmt: skip
+    result = time_to_target(
+        with_lr(w, 1.0 if factor is None else factor, seen),
+        seed,
+        callbacks=[finder] if finder else [],
+        trainer_overrides=overrides,
+        small=quick,
+    )
     row = _base_row(w, seed, method, quick)
-    row.update(lr_factor=factor, task_lr=seen["task_lr"], lr=seen["lr"], quality=result["final"],
-               steps=result["steps"], curve=[[step, v] for _, step, v in result["curve"]])  # fmt: skip
+    row.update(
+        lr_factor=factor,
+        task_lr=seen["task_lr"],
+        lr=seen["lr"],
+        quality=result["final"],
+        steps=result["steps"],
+        curve=[[step, v] for _, step, v in result["curve"]],
+    )
     if finder is not None:
         row.update(_finder_fields(finder))
         row["lr"] = row["lr"] if finder.result is None else finder.result.lr
@@ -160,8 +218,10 @@ def _read_rows(path: Path, small: bool) -> list[dict[str, Any]]:
     if not isinstance(rows, list) or any(
         not isinstance(r, dict) or not {"task", "seed", "method"} <= set(r) for r in rows
     ):
-        raise SpeedupConfigError(f"`json_path`={str(path)!r} does not hold a list of LR-grid rows. Allowed values: a "
-                                 "new path or a file this benchmark wrote.")  # fmt: skip
+        raise SpeedupConfigError(
+            f"`json_path`={str(path)!r} does not hold a list of LR-grid rows. Allowed values: a "
+            "new path or a file this benchmark wrote."
+        )
     if any(str(r.get("notes") or "").startswith(SMALL_NOTE) != small for r in rows):
         raise SpeedupConfigError(
             f"`json_path`={str(path)!r} holds {'full' if small else 'small (quick)'} rows; `quick`={small} would mix "
@@ -176,12 +236,23 @@ def _echo(r: dict[str, Any]) -> None:
         return
     what = f"x{r['lr_factor']:g}" if r["method"] == "grid" else f"LR finder ({r.get('finder_rule')})"
     quality = "-" if r["quality"] is None else f"{r['quality']:.4g}"
-    print(f"[lr_grid] {r['task']} seed {r['seed']} {what}: lr {r['lr']:.3g}, {r['metric']} {quality} after "
-          f"{r['steps']} steps", flush=True)  # fmt: skip
+    print(
+        f"[lr_grid] {r['task']} seed {r['seed']} {what}: lr {r['lr']:.3g}, {r['metric']} {quality} after "
+        f"{r['steps']} steps",
+        flush=True,
+    )
 
 
-def _run_task_seed(w: Workload, seed: int, rows: list[dict[str, Any]], path: Path | None, quick: bool,
-                   machine: dict[str, Any], root: str, echo: bool) -> None:  # fmt: skip
+def _run_task_seed(
+    w: Workload,
+    seed: int,
+    rows: list[dict[str, Any]],
+    path: Path | None,
+    quick: bool,
+    machine: dict[str, Any],
+    root: str,
+    echo: bool,
+) -> None:
     """The grid, then the finder, for one task and seed; rows already held are skipped."""
     done = {_key(r) for r in rows}
     if (w.name, seed, "skipped", None) in done:
@@ -261,12 +332,24 @@ def _better(a: float, b: float, mode: str) -> bool:
 
 def _task_summary(task_rows: list[dict[str, Any]]) -> dict[str, Any]:
     first = task_rows[0]
-    mode, metric = first["mode"], first["metric"]
+    mode = first["mode"]
+    metric = first["metric"]
     s: dict[str, Any] = {k: first[k] for k in ("task", "split", "kind", "metric", "mode")}
-    s.update(task_lr=next((r["task_lr"] for r in task_rows if r.get("task_lr")), None), grid={}, best_factor=None,
-             best_lr=None, best_quality=None, finder_lr=None, finder_quality=None, gap=None,
-             tolerance=tolerance(metric), range_test=[], seeds=sorted({r["seed"] for r in task_rows}),
-             best_range=None, finder_range=None)  # fmt: skip
+    s.update(
+        task_lr=next((r["task_lr"] for r in task_rows if r.get("task_lr")), None),
+        grid={},
+        best_factor=None,
+        best_lr=None,
+        best_quality=None,
+        finder_lr=None,
+        finder_quality=None,
+        gap=None,
+        tolerance=tolerance(metric),
+        range_test=[],
+        seeds=sorted({r["seed"] for r in task_rows}),
+        best_range=None,
+        finder_range=None,
+    )
     skipped = [r for r in task_rows if r["method"] == "skipped"]
     if skipped:
         return {**s, "verdict": f"skipped: {skipped[0]['notes']}"}
@@ -279,8 +362,9 @@ def _task_summary(task_rows: list[dict[str, Any]]) -> dict[str, Any]:
         s["best_factor"] = max(finite, key=lambda f: finite[f] if mode == "max" else -finite[f])
         s["best_quality"] = finite[s["best_factor"]]
         s["best_lr"] = s["best_factor"] * s["task_lr"] if s["task_lr"] else None
-        s["best_range"] = _seed_range([r for r in task_rows if r["method"] == "grid"
-                                       and r["lr_factor"] == s["best_factor"]])  # fmt: skip
+        s["best_range"] = _seed_range(
+            [r for r in task_rows if r["method"] == "grid" and r["lr_factor"] == s["best_factor"]]
+        )
     finder = [r for r in task_rows if r["method"] == "lr_finder"]
     if finder:
         s["finder_lr"] = statistics.median(r["lr"] for r in finder)
@@ -298,7 +382,9 @@ def _seed_range(rows: list[dict[str, Any]]) -> float | None:
 
 
 def _verdict(s: dict[str, Any], mode: str) -> dict[str, Any]:
-    best, found, tol = s["best_quality"], s["finder_quality"], s["tolerance"]
+    best = s["best_quality"]
+    found = s["finder_quality"]
+    tol = s["tolerance"]
     if best is None:
         return {"verdict": "no grid rows"}
     if found is None:
@@ -361,12 +447,17 @@ def format_summary(summary: Sequence[dict[str, Any]]) -> str:
         base = s["task_lr"]
         grid = " / ".join(_fmt(s["grid"].get(f)) for f in GRID)
         best = "-" if s["best_lr"] is None else f"{s['best_lr']:.3g} (x{s['best_factor']:g})"
-        found = "-" if s["finder_lr"] is None else f"{s['finder_lr']:.3g}" + (
-            f" (x{s['finder_lr'] / base:.2g})" if base else "")  # fmt: skip
+        found = (
+            "-"
+            if s["finder_lr"] is None
+            else f"{s['finder_lr']:.3g}" + (f" (x{s['finder_lr'] / base:.2g})" if base else "")
+        )
         gap = "-" if s["gap"] is None else f"{s['gap']:+.4f} (tol {_fmt(s['tolerance'])})"
-        lines.append(f"| {s['task']} | {s['metric']} ({s['mode']}) | {_fmt(base, 3)} | {grid} | {best} | "
-                     f"{_fmt(s['best_quality'])} | {found} | {_fmt(s['finder_quality'])} | {gap} | {s['verdict']} | "
-                     f"{_ranges(s)} | {'; '.join(s['range_test']) or '-'} |")  # fmt: skip
+        lines.append(
+            f"| {s['task']} | {s['metric']} ({s['mode']}) | {_fmt(base, 3)} | {grid} | {best} | "
+            f"{_fmt(s['best_quality'])} | {found} | {_fmt(s['finder_quality'])} | {gap} | {s['verdict']} | "
+            f"{_ranges(s)} | {'; '.join(s['range_test']) or '-'} |"
+        )
     return "\n".join(lines)
 
 

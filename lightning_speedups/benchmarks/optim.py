@@ -66,7 +66,8 @@ def _time_to_target_row(quick: bool) -> BenchRow:
         times = [r.reached_at if r.reached_at is not None else math.inf for r in results[name]]
         return median(times)
 
-    base, cand = ttt("adam_constant"), ttt("sgd_onecycle")
+    base = ttt("adam_constant")
+    cand = ttt("sgd_onecycle")
     ratio = base / cand if math.isfinite(base) and math.isfinite(cand) else float("nan")
     acc_b = median([r.accs[-1] for r in results["adam_constant"]])
     acc_c = median([r.accs[-1] for r in results["sgd_onecycle"]])

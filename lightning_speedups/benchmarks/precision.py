@@ -19,7 +19,8 @@ def _accuracy_after_training(dtype: torch.dtype | None, steps: int, seed: int = 
     x = (images.float() / 255.0 - 0.21) / 0.34
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(labels), generator=g)
-    train, val = perm[360:], perm[:360]
+    train = perm[360:]
+    val = perm[:360]
     torch.manual_seed(seed)
     model = DemoClassifier(width=16)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -36,14 +37,16 @@ def run(quick: bool = True) -> list[BenchRow]:
     torch.manual_seed(0)
     base = DemoClassifier(width=16 if quick else 32)
     cand = copy.deepcopy(base)
-    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+    x = torch.randn(64, 3, 32, 32)
+    y = torch.randint(0, 10, (64,))
     times = interleaved_timings(
         {"fp32": make_train_step(base, x, y), "bf16": make_train_step(cand, x, y, autocast_dtype=torch.bfloat16)},
         repeats=3 if quick else 15,
         warmup=1,
     )
     steps = 30 if quick else 200
-    acc32, acc16 = _accuracy_after_training(None, steps), _accuracy_after_training(torch.bfloat16, steps)
+    acc32 = _accuracy_after_training(None, steps)
+    acc16 = _accuracy_after_training(torch.bfloat16, steps)
     ratio = speed_ratio(times["fp32"], times["bf16"])
     note = "this CPU has bf16 units (AMX/AVX512-BF16)" if ratio > 1.1 else "no bf16 units: emulated, slower"
     return [

@@ -31,7 +31,8 @@ def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torc
     images, labels = load_digits_tensors()
     x = (images.float() / 255.0 - 0.21) / 0.34
     perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    train, val = perm[360:], perm[:360]
+    train = perm[360:]
+    val = perm[:360]
     return x[train], labels[train], x[val], labels[val]
 
 
@@ -92,7 +93,8 @@ def run(quick: bool = True) -> list[BenchRow]:
         _train(model, xt, yt, finetune, lr=lr, seed=2)  # same fine-tune for every variant, dense included
         accuracy[name] = _accuracy(model, xv, yv)
 
-    xb, yb = xt[:64], yt[:64]
+    xb = xt[:64]
+    yb = yt[:64]
     threads = torch.get_num_threads()
     times = _step_times(variants, xb, yb, repeats, None)
     times_1 = times if threads == 1 or quick else _step_times(variants, xb, yb, repeats, 1)

@@ -26,7 +26,8 @@ def _data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     x, y = load_digits_tensors(size=32, channels=1)
     x = (x.float() / 255.0 - 0.21) / 0.34
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[perm], y[perm]
+    x = x[perm]
+    y = y[perm]
     n_train = int(0.8 * len(x))
     return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
@@ -70,13 +71,15 @@ def run(quick: bool = True) -> list[BenchRow]:
     for epoch in range(epochs):  # interleaved epochs: machine noise hits both alike
         times["fp32"].append(_train_epoch(fp32, opts["fp32"], xtr, ytr, epoch))
         times["qat"].append(_train_epoch(qat, opts["qat"], xtr, ytr, epoch))
-    acc_fp32, acc_qat_fake = _accuracy(fp32, xva, yva), _accuracy(qat, xva, yva)
+    acc_fp32 = _accuracy(fp32, xva, yva)
+    acc_qat_fake = _accuracy(qat, xva, yva)
 
     example = xva[:64]
     repeats = 7 if quick else 15
     ptq_model, ptq = quantize_for_inference(fp32, example, backend, repeats=repeats)
     qat_model, qrep = quantize_for_inference(qat, example, backend, repeats=repeats)
-    acc_ptq, acc_qat = _accuracy(ptq_model, xva, yva), _accuracy(qat_model, xva, yva)
+    acc_ptq = _accuracy(ptq_model, xva, yva)
+    acc_qat = _accuracy(qat_model, xva, yva)
     shape = f"MLP 1024-{hidden}-{hidden}-10, batch 64"
 
     def note(speedup: float) -> str:

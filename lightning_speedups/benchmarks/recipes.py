@@ -96,8 +96,15 @@ def time_to_accuracy(
     else:
         model = DemoClassifier(width=width)
         start = time.perf_counter()
-        recipe = fast_train(model=model, max_epochs=recipe_epochs, precision="32-true" if no_bf16 else "auto",
-                            cache=cached, cache_dir=cache_dir, accelerator=accelerator, **_QUIET)  # fmt: skip
+        recipe = fast_train(
+            model=model,
+            max_epochs=recipe_epochs,
+            precision="32-true" if no_bf16 else "auto",
+            cache=cached,
+            cache_dir=cache_dir,
+            accelerator=accelerator,
+            **_QUIET,
+        )
         recipe.apply(model)
         callbacks, kwargs = recipe
         extra_s = time.perf_counter() - start
@@ -114,17 +121,32 @@ def time_to_accuracy(
     return recorder
 
 
-def fill_caches(task: str, max_epochs: int, width: int, recipe_epochs: int, no_bf16: bool, cache_dir: str,
-                accelerator: str = "cpu") -> float:
+def fill_caches(
+    task: str, max_epochs: int, width: int, recipe_epochs: int, no_bf16: bool, cache_dir: str, accelerator: str = "cpu"
+) -> float:
     """Measure once, untimed in the rows: the recipe's probe and an autotune plan with ``budget_s=10``; returns the
     seconds it took (reported in the notes)."""
     start = time.perf_counter()
     L.seed_everything(0, verbose=False)
-    fast_train(model=DemoClassifier(width=width), max_epochs=recipe_epochs, precision="32-true" if no_bf16 else "auto",
-               cache_dir=cache_dir, accelerator=accelerator, **_QUIET)  # fmt: skip
+    fast_train(
+        model=DemoClassifier(width=width),
+        max_epochs=recipe_epochs,
+        precision="32-true" if no_bf16 else "auto",
+        cache_dir=cache_dir,
+        accelerator=accelerator,
+        **_QUIET,
+    )
     model = DemoClassifier(width=width, optimizer_config=OptimizerConfig("adam", lr=1e-3))
-    autotune(model, TASKS[task][0](), budget_s=AUTOTUNE_ONCE_BUDGET_S, cache_dir=cache_dir, no_bf16=no_bf16,
-             accelerator=accelerator, devices=1, max_epochs=max_epochs)  # fmt: skip
+    autotune(
+        model,
+        TASKS[task][0](),
+        budget_s=AUTOTUNE_ONCE_BUDGET_S,
+        cache_dir=cache_dir,
+        no_bf16=no_bf16,
+        accelerator=accelerator,
+        devices=1,
+        max_epochs=max_epochs,
+    )
     return time.perf_counter() - start
 
 
@@ -137,7 +159,8 @@ _WHEN = {
 
 
 def _row(task: str, kind: str, target: float, recs: dict[str, list[TimeToTarget]], once_s: float) -> BenchRow:
-    base, cand = recs["baseline"], recs[kind]
+    base = recs["baseline"]
+    cand = recs[kind]
     technique = "recipe" if kind.startswith("fast_train") else "autotune"
     missed = [k for k, rs in (("baseline", base), (kind, cand)) if any(r.reached_at is None for r in rs)]
     acc_base = median([r.curve[-1][1] for r in base])
@@ -146,12 +169,24 @@ def _row(task: str, kind: str, target: float, recs: dict[str, list[TimeToTarget]
     variant = f"{kind.removesuffix('_cached')} vs plain baseline ({task}; {_WHEN[kind]})"
     spent = median([r.extra_s for r in cand])
     counted = f"{spent:.2f}s of measuring counted (median)" + (
-        f"; the cache was filled once beforehand in {once_s:.1f}s, not counted" if kind.endswith("_cached") else "")
+        f"; the cache was filled once beforehand in {once_s:.1f}s, not counted" if kind.endswith("_cached") else ""
+    )
     if missed:
         best = {k: max(a for r in recs[k] for _, a in r.curve) for k in ("baseline", kind)}
         note = "; ".join(f"target not reached by {k} (best val_acc {best[k]:.3f})" for k in missed)
-        return BenchRow(technique, variant, f"time to val_acc {target:.2f}", math.nan, math.nan, math.nan, "s",
-                        acc_base, acc_cand, f"{note}; {counted}", {"curves": curves})  # fmt: skip
+        return BenchRow(
+            technique,
+            variant,
+            f"time to val_acc {target:.2f}",
+            math.nan,
+            math.nan,
+            math.nan,
+            "s",
+            acc_base,
+            acc_cand,
+            f"{note}; {counted}",
+            {"curves": curves},
+        )
     t_base = median([r.reached_at for r in base])  # type: ignore[misc]
     t_cand = median([r.reached_at for r in cand])  # type: ignore[misc]
     per_run = [b.reached_at / max(c.reached_at, 1e-9) for b, c in zip(base, cand)]  # type: ignore[operator]
@@ -166,8 +201,12 @@ def _row(task: str, kind: str, target: float, recs: dict[str, list[TimeToTarget]
         accuracy_baseline=acc_base,
         accuracy_candidate=acc_cand,
         note=f"accuracy when each reached the target; median of {len(base)} alternating run(s); {counted}",
-        extra={"curves": curves, "ratio_min": min(per_run), "ratio_max": max(per_run),
-               "reached_at": {k: [r.reached_at for r in recs[k]] for k in ("baseline", kind)}},
+        extra={
+            "curves": curves,
+            "ratio_min": min(per_run),
+            "ratio_max": max(per_run),
+            "reached_at": {k: [r.reached_at for r in recs[k]] for k in ("baseline", kind)},
+        },
     )
 
 
@@ -187,9 +226,19 @@ def run(quick: bool = True, target: float | None = None, no_bf16: bool = False) 
             recs: dict[str, list[TimeToTarget]] = {k: [] for k in KINDS}
             for r in range(repeats):  # alternate so machine noise hits every kind alike
                 for kind in KINDS:
-                    recs[kind].append(time_to_accuracy(kind, goal, max_epochs, width, seed=r,
-                                                       recipe_epochs=recipe_epochs, task=task, no_bf16=no_bf16,
-                                                       cache_dir=cache_dir))  # fmt: skip
+                    recs[kind].append(
+                        time_to_accuracy(
+                            kind,
+                            goal,
+                            max_epochs,
+                            width,
+                            seed=r,
+                            recipe_epochs=recipe_epochs,
+                            task=task,
+                            no_bf16=no_bf16,
+                            cache_dir=cache_dir,
+                        )
+                    )
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
         if all(r.reached_at is None for rs in recs.values() for r in rs):

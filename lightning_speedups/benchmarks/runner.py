@@ -122,7 +122,8 @@ def _fmt_delta(row: BenchRow) -> str:
 
 
 def _range(r: BenchRow) -> str:
-    lo, hi = r.extra.get("ratio_min"), r.extra.get("ratio_max")
+    lo = r.extra.get("ratio_min")
+    hi = r.extra.get("ratio_max")
     return f"{r.ratio:.2f}x" if lo is None or hi is None else f"{r.ratio:.2f}x [{lo:.2f}-{hi:.2f}]"
 
 
@@ -170,8 +171,10 @@ def format_markdown(rows: Sequence[BenchRow], machine: dict[str, Any] | None = N
         f"torch {machine['torch']}, device {machine['device']}.",
     ]
     end_to_end, components = split_rows(rows)
-    for title, group in (("End to end (time to accuracy, [min-max] over runs)", end_to_end),
-                         ("Single techniques", components)):  # fmt: skip
+    for title, group in (
+        ("End to end (time to accuracy, [min-max] over runs)", end_to_end),
+        ("Single techniques", components),
+    ):
         if not group:
             continue
         lines += ["", f"**{title}**", "", "| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
@@ -238,8 +241,13 @@ def _bars(plt: Any, path: Path, rows: Sequence[BenchRow], title: str) -> Path:
     ratios = [r.ratio if r.ratio == r.ratio else 0.0 for r in rows]
     lo = [max(x - r.extra.get("ratio_min", x), 0.0) for r, x in zip(rows, ratios)]
     hi = [max(r.extra.get("ratio_max", x) - x, 0.0) for r, x in zip(rows, ratios)]
-    ax.barh(range(len(rows)), [max(x, 1e-3) for x in ratios], xerr=[lo, hi], capsize=3,
-            color=["tab:green" if x >= 1.05 else "tab:gray" for x in ratios])  # fmt: skip
+    ax.barh(
+        range(len(rows)),
+        [max(x, 1e-3) for x in ratios],
+        xerr=[lo, hi],
+        capsize=3,
+        color=["tab:green" if x >= 1.05 else "tab:gray" for x in ratios],
+    )
     for i, x in enumerate(ratios):  # the median, written at the bar's end
         ax.text(max(x, 1e-3) * 1.03, i - 0.25, f"{x:.2f}x" if x > 0 else "not reached", fontsize=8)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)

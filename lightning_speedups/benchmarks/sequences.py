@@ -85,12 +85,34 @@ class BenchSize:
 
 
 SIZES = {
-    "tiny": BenchSize(per_class=24, val_per_class=8, max_len=128, batch_size=8, evals_per_epoch=2, window_steps=1,
-                      repeats=2, lm_docs=48, lm_block=64, lm_batch=8, lm_window_steps=1, lm_repeats=2),
+    "tiny": BenchSize(
+        per_class=24,
+        val_per_class=8,
+        max_len=128,
+        batch_size=8,
+        evals_per_epoch=2,
+        window_steps=1,
+        repeats=2,
+        lm_docs=48,
+        lm_block=64,
+        lm_batch=8,
+        lm_window_steps=1,
+        lm_repeats=2,
+    ),
     "quick": BenchSize(),
-    "full": BenchSize(per_class=1000, val_per_class=100, batch_size=32, epochs=2, window_steps=4, repeats=7,
-                      lm_docs=4000, lm_batch=32, lm_window_steps=4, lm_repeats=7),
-}  # fmt: skip
+    "full": BenchSize(
+        per_class=1000,
+        val_per_class=100,
+        batch_size=32,
+        epochs=2,
+        window_steps=4,
+        repeats=7,
+        lm_docs=4000,
+        lm_batch=32,
+        lm_window_steps=4,
+        lm_repeats=7,
+    ),
+}
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -101,12 +123,24 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
 class _Stream:
     """One strategy's training steps, epoch after epoch; each call trains ``steps`` batches and notes their tokens."""
 
-    def __init__(self, dataset: Any, epochs: Callable[[int], Batches], collate: Any, step: Callable[[Any], None],
-                 steps: int, device: torch.device) -> None:  # fmt: skip
-        self.dataset, self.epochs, self.collate, self.step, self.steps = dataset, epochs, collate, step, steps
+    def __init__(
+        self,
+        dataset: Any,
+        epochs: Callable[[int], Batches],
+        collate: Any,
+        step: Callable[[Any], None],
+        steps: int,
+        device: torch.device,
+    ) -> None:
+        self.dataset = dataset
+        self.epochs = epochs
+        self.collate = collate
+        self.step = step
+        self.steps = steps
         self.device = device
         self.tokens: list[int] = []
-        self._epoch, self._queue = 0, list[list[int]]()
+        self._epoch = 0
+        self._queue = list[list[int]]()
 
     def __call__(self) -> None:
         real = 0
@@ -127,13 +161,23 @@ def _throughput(streams: dict[str, _Stream], repeats: int) -> dict[str, list[flo
     return {name: [tok / t for tok, t in zip(streams[name].tokens[1:], times[name])] for name in streams}
 
 
-def _rate_row(variant: str, rates: dict[str, list[float]], base: str, name: str, note: str,
-              extra: dict[str, Any]) -> BenchRow:  # fmt: skip
+def _rate_row(
+    variant: str, rates: dict[str, list[float]], base: str, name: str, note: str, extra: dict[str, Any]
+) -> BenchRow:
     per_round = [c / b for b, c in zip(rates[base], rates[name])]
-    b, c = median(rates[base]), median(rates[name])
-    return BenchRow(technique="sequence_batching", variant=variant, metric="non-pad tokens/s", baseline=b, candidate=c,
-                    ratio=c / b, unit="tokens/s", note=note,
-                    extra={**extra, "ratio_min": min(per_round), "ratio_max": max(per_round)})  # fmt: skip
+    b = median(rates[base])
+    c = median(rates[name])
+    return BenchRow(
+        technique="sequence_batching",
+        variant=variant,
+        metric="non-pad tokens/s",
+        baseline=b,
+        candidate=c,
+        ratio=c / b,
+        unit="tokens/s",
+        note=note,
+        extra={**extra, "ratio_min": min(per_round), "ratio_max": max(per_round)},
+    )
 
 
 def _verdict(value: float, target: float, higher: bool = True) -> str:
@@ -142,8 +186,9 @@ def _verdict(value: float, target: float, higher: bool = True) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the classifier
-def _cls_step(model: tasks.SnippetClassifier, opt: torch.optim.Optimizer, batch_size: int,
-              dtype: torch.dtype | None = None) -> Callable[[Any], None]:  # fmt: skip
+def _cls_step(
+    model: tasks.SnippetClassifier, opt: torch.optim.Optimizer, batch_size: int, dtype: torch.dtype | None = None
+) -> Callable[[Any], None]:
     device = next(model.parameters()).device
 
     def step(batch: Any) -> None:
@@ -161,8 +206,9 @@ def _cls_step(model: tasks.SnippetClassifier, opt: torch.optim.Optimizer, batch_
     return step
 
 
-def _new_classifier(task: tasks.SnippetTask, size: BenchSize, seed: int,
-                    device: torch.device) -> tuple[Any, torch.optim.Optimizer]:  # fmt: skip
+def _new_classifier(
+    task: tasks.SnippetTask, size: BenchSize, seed: int, device: torch.device
+) -> tuple[Any, torch.optim.Optimizer]:
     torch.manual_seed(seed)  # the same initial weights for every strategy
     model = tasks.SnippetClassifier(len(task.classes), task.max_len, d=size.d, heads=size.heads).to(device)
     return model, torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
@@ -170,7 +216,9 @@ def _new_classifier(task: tasks.SnippetTask, size: BenchSize, seed: int,
 
 def accuracy(model: tasks.SnippetClassifier, val: tasks.Snippets, batch_size: int = 64) -> float:
     """Validation accuracy, batched by length (the same batches for every strategy), on the model's device."""
-    collate, right, device = pad_collate(), 0, next(model.parameters()).device
+    collate = pad_collate()
+    right = 0
+    device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
         for batch in LengthGroupedSampler(val.lengths, batch_size, shuffle=False):
@@ -183,9 +231,19 @@ def accuracy(model: tasks.SnippetClassifier, val: tasks.Snippets, batch_size: in
 class _TrainRun:
     """One strategy trained for ``size.epochs``; :meth:`advance` trains to the next validation point."""
 
-    def __init__(self, task: tasks.SnippetTask, epochs: Callable[[int], Batches], collate: Any, size: BenchSize,
-                 seed: int, device: torch.device, dtype: torch.dtype | None) -> None:  # fmt: skip
-        self.task, self.collate, self.device = task, collate, device
+    def __init__(
+        self,
+        task: tasks.SnippetTask,
+        epochs: Callable[[int], Batches],
+        collate: Any,
+        size: BenchSize,
+        seed: int,
+        device: torch.device,
+        dtype: torch.dtype | None,
+    ) -> None:
+        self.task = task
+        self.collate = collate
+        self.device = device
         self.model, opt = _new_classifier(task, size, seed, device)
         self.step = _cls_step(self.model, opt, size.batch_size, dtype)
         self.plan = [b for e in range(size.epochs) for b in epochs(e)]
@@ -199,12 +257,14 @@ class _TrainRun:
         return self.pos >= len(self.plan)
 
     def advance(self) -> None:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
+        c0 = time.process_time()
         target = self.seen + self.every
         while self.pos < len(self.plan) and self.seen < target:
             batch = self.plan[self.pos]
             self.step(move_data_to_device(tasks.collated(self.task.train, self.collate, batch), self.device))
-            self.pos, self.seen = self.pos + 1, self.seen + len(batch)
+            self.pos = self.pos + 1
+            self.seen = self.seen + len(batch)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.seconds += time.perf_counter() - t0
@@ -216,13 +276,19 @@ class _TrainRun:
         return next(((s, c) for s, c, _n, acc in self.curve if acc >= target - 1e-9), None)
 
 
-def train_to_accuracy(task: tasks.SnippetTask, size: BenchSize, seed: int = 0, device: torch.device | str = "cpu",
-                      dtype: torch.dtype | None = None) -> dict[str, _TrainRun]:  # fmt: skip
+def train_to_accuracy(
+    task: tasks.SnippetTask,
+    size: BenchSize,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> dict[str, _TrainRun]:
     """Train every strategy for ``size.epochs`` from the same weights, in turns (one validation interval each)."""
     strats = tasks.classifier_strategies(task.train.lengths, size.batch_size, size.max_len, seed)
     dev = torch.device(device)
-    runs = {name: _TrainRun(task, epochs, collate, size, seed, dev, dtype)
-            for name, (epochs, collate) in strats.items()}  # fmt: skip
+    runs = {
+        name: _TrainRun(task, epochs, collate, size, seed, dev, dtype) for name, (epochs, collate) in strats.items()
+    }
     while not all(r.done for r in runs.values()):
         for r in runs.values():
             if not r.done:
@@ -230,23 +296,23 @@ def train_to_accuracy(task: tasks.SnippetTask, size: BenchSize, seed: int = 0, d
     return runs
 
 
-def _classifier_rows(task: tasks.SnippetTask, size: BenchSize, seed: int, device: torch.device,
-                     dtype: torch.dtype | None) -> list[BenchRow]:  # fmt: skip
+def _classifier_rows(
+    task: tasks.SnippetTask, size: BenchSize, seed: int, device: torch.device, dtype: torch.dtype | None
+) -> list[BenchRow]:
     lengths = task.train.lengths
     strats = tasks.classifier_strategies(lengths, size.batch_size, size.max_len, seed)
-    pads = {name: pad_fraction(lengths, epochs(0), multiple_of=size.max_len if name == BASELINE else 8)
-            for name, (epochs, _c) in strats.items()}  # fmt: skip
+    pads = {
+        name: pad_fraction(lengths, epochs(0), multiple_of=size.max_len if name == BASELINE else 8)
+        for name, (epochs, _c) in strats.items()
+    }
     streams = {}
     for name, (epochs, collate) in strats.items():
         model, opt = _new_classifier(task, size, seed, device)
-        streams[name] = _Stream(task.train, epochs, collate, _cls_step(model, opt, size.batch_size, dtype),
-                                size.window_steps, device)  # fmt: skip
+        streams[name] = _Stream(
+            task.train, epochs, collate, _cls_step(model, opt, size.batch_size, dtype), size.window_steps, device
+        )
     rates = _throughput(streams, size.repeats)
     runs = train_to_accuracy(task, size, seed, device, dtype)
-    base_run = runs[BASELINE]
-    target = base_run.curve[-1][3]
-    base_at = base_run.reached(target)
-    assert base_at is not None  # its own final accuracy
     rows = []
     for name in strats:
         if name == BASELINE:
@@ -259,40 +325,68 @@ def _classifier_rows(task: tasks.SnippetTask, size: BenchSize, seed: int, device
         note = f"{pad_note}; target >= {TARGETS['tokens_per_s']:g}x: {_verdict(ratio, TARGETS['tokens_per_s'])}"
         extra = {"pad_fraction_baseline": pads[BASELINE], "pad_fraction": pads[name], "target": TARGETS["tokens_per_s"]}
         rows.append(_rate_row(f"{name} vs {BASELINE}", rates, BASELINE, name, note, extra))
+    return rows + _time_to_accuracy_rows(runs, size)
+
+
+def _time_to_accuracy_rows(runs: dict[str, _TrainRun], size: BenchSize) -> list[BenchRow]:
+    """One row per strategy: the train seconds it took to reach the baseline's final validation accuracy."""
+    base_run = runs[BASELINE]
+    target = base_run.curve[-1][3]
+    base_at = base_run.reached(target)
+    assert base_at is not None  # its own final accuracy
+    rows = []
     for name, run in runs.items():
         if name == BASELINE:
             continue
         at = run.reached(target)
         ratio = base_at[0] / at[0] if at else math.nan
         verdict = _verdict(ratio, TARGETS["time_to_accuracy"])
-        note = (f"train s to val acc {target:.1%} (validation paused); {size.epochs} epoch(s), same initial weights; "
-                f"target >= {TARGETS['time_to_accuracy']:g}x: {verdict}")  # fmt: skip
+        note = (
+            f"train s to val acc {target:.1%} (validation paused); {size.epochs} epoch(s), same initial weights; "
+            f"target >= {TARGETS['time_to_accuracy']:g}x: {verdict}"
+        )
         if at is None:
             best = max(p[3] for p in run.curve)
             note = f"did not reach {target:.1%} in {size.epochs} epoch(s) (best {best:.1%}); " + note
-        rows.append(BenchRow(
-            technique="sequence_batching", variant=f"{name}: time to {BASELINE}'s final accuracy",
-            metric="train seconds", baseline=base_at[0], candidate=at[0] if at else math.nan, ratio=ratio, unit="s",
-            accuracy_baseline=target, accuracy_candidate=run.curve[-1][3], note=note,
-            extra={"cpu_ratio": base_at[1] / at[1] if at else math.nan, "target": TARGETS["time_to_accuracy"],
-                   "curves": {n: ([p[0] for p in r.curve], [p[3] for p in r.curve]) for n, r in runs.items()}
-                   if name == "length-grouped" else {}},
-        ))  # fmt: skip
+        rows.append(
+            BenchRow(
+                technique="sequence_batching",
+                variant=f"{name}: time to {BASELINE}'s final accuracy",
+                metric="train seconds",
+                baseline=base_at[0],
+                candidate=at[0] if at else math.nan,
+                ratio=ratio,
+                unit="s",
+                accuracy_baseline=target,
+                accuracy_candidate=run.curve[-1][3],
+                note=note,
+                extra={
+                    "cpu_ratio": base_at[1] / at[1] if at else math.nan,
+                    "target": TARGETS["time_to_accuracy"],
+                    "curves": {n: ([p[0] for p in r.curve], [p[3] for p in r.curve]) for n, r in runs.items()}
+                    if name == "length-grouped"
+                    else {},
+                },
+            )
+        )
     return rows
 
 
 # ------------------------------------------------------------------------------------------ the language model
-def _lm_step(model: tasks.ByteGPT, opt: torch.optim.Optimizer, packed: bool,
-             dtype: torch.dtype | None = None) -> Callable[[Any], None]:  # fmt: skip
+def _lm_step(
+    model: tasks.ByteGPT, opt: torch.optim.Optimizer, packed: bool, dtype: torch.dtype | None = None
+) -> Callable[[Any], None]:
     device = next(model.parameters()).device
 
     def step(batch: dict[str, Tensor]) -> None:
         ids = batch["input_ids"]
         if packed:  # positions restart at every document; the mask keeps documents apart
-            pos, labels = batch["position_ids"], batch["labels"]
+            pos = batch["position_ids"]
+            labels = batch["labels"]
             mask: Tensor | None = packed_attention_mask(pos)
         else:  # right padding: plain causal attention, padding skipped by the loss
-            pos, mask = torch.arange(ids.shape[1], device=device).expand_as(ids), None
+            pos = torch.arange(ids.shape[1], device=device).expand_as(ids)
+            mask = None
             labels = ids.masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
         with _autocast(device, dtype):
             logits = model(ids, pos, mask)
@@ -304,26 +398,34 @@ def _lm_step(model: tasks.ByteGPT, opt: torch.optim.Optimizer, packed: bool,
     return step
 
 
-def _lm_rows(size: BenchSize, seed: int, device: torch.device,
-             dtype: torch.dtype | None) -> tuple[list[BenchRow], dict[str, float]]:  # fmt: skip
+def _lm_rows(
+    size: BenchSize, seed: int, device: torch.device, dtype: torch.dtype | None
+) -> tuple[list[BenchRow], dict[str, float]]:
     docs = tasks.lm_documents(size.lm_block, size.lm_docs, seed=seed)
     lengths = [len(d) for d in docs]
     strats = tasks.lm_strategies(lengths, size.lm_batch, size.lm_block, seed)
-    streams, pads = {}, {}
+    streams = {}
+    pads = {}
     for name, (epochs, collate) in strats.items():
         torch.manual_seed(seed)
         model = tasks.ByteGPT(size.lm_block, d=size.lm_d, heads=2).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        streams[name] = _Stream(docs, epochs, collate, _lm_step(model, opt, name == "packing", dtype),
-                                size.lm_window_steps, device)  # fmt: skip
-        pads[name] = (tasks.packed_pad_fraction(lengths, epochs(0), size.lm_block) if name == "packing"
-                      else pad_fraction(lengths, epochs(0), multiple_of=8))  # fmt: skip
+        streams[name] = _Stream(
+            docs, epochs, collate, _lm_step(model, opt, name == "packing", dtype), size.lm_window_steps, device
+        )
+        pads[name] = (
+            tasks.packed_pad_fraction(lengths, epochs(0), size.lm_block)
+            if name == "packing"
+            else pad_fraction(lengths, epochs(0), multiple_of=8)
+        )
     rates = _throughput(streams, size.lm_repeats)
     rows = []
     for base in [n for n in strats if n != "packing"]:
         ratio = median(rates["packing"]) / median(rates[base])
-        note = (f"ByteGPT(d={size.lm_d}), block {size.lm_block}; pad {pads[base]:.0%} -> {pads['packing']:.1%}; "
-                f"target >= {TARGETS['packing']:g}x: {_verdict(ratio, TARGETS['packing'])}")  # fmt: skip
+        note = (
+            f"ByteGPT(d={size.lm_d}), block {size.lm_block}; pad {pads[base]:.0%} -> {pads['packing']:.1%}; "
+            f"target >= {TARGETS['packing']:g}x: {_verdict(ratio, TARGETS['packing'])}"
+        )
         if "grouped" in base:
             note = note.rsplit(";", 1)[0] + "; the target is set against random batches"
         extra = {"pad_fraction_baseline": pads[base], "pad_fraction": pads["packing"], "target": TARGETS["packing"]}
@@ -332,9 +434,16 @@ def _lm_rows(size: BenchSize, seed: int, device: torch.device,
 
 
 # ------------------------------------------------------------------------------------------ entry points
-def run(quick: bool = True, *, tiny: bool = False, seed: int = 0, echo: bool = False,
-        size: BenchSize | None = None, device: torch.device | str = "cpu",
-        dtype: torch.dtype | None = None) -> list[BenchRow]:  # fmt: skip
+def run(
+    quick: bool = True,
+    *,
+    tiny: bool = False,
+    seed: int = 0,
+    echo: bool = False,
+    size: BenchSize | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> list[BenchRow]:
     """Measure the batching strategies on the stdlib-paragraph classifier and the packing of a tiny GPT.
 
     Args:

@@ -57,7 +57,8 @@ METHODS: dict[str, Callable[[], list[L.Callback]]] = {
     "progressive_resizing": lambda: [ProgressiveResizing(initial_scale=0.5, finetune_fraction=0.2, delay_fraction=0.5)],
     "fast_schedule": lambda: [FastSchedule(warmup=0.05, peak_factor=3.0, decay="linear")],
 }
-BATCH_SIZE, LR = 64, 1e-3
+BATCH_SIZE = 64
+LR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,15 @@ def train_once(task: _Task, method: str | None, seed: int, target: float, stop: 
     clock = TrainClock(target, stop=stop)
     callbacks = [*(METHODS[method]() if method else []), clock]
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=task.epochs, val_check_interval=0.5, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=task.epochs,
+        val_check_interval=0.5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         callbacks=callbacks,
     )
     trainer.fit(model, task.make(seed))
@@ -121,7 +129,8 @@ def _epochs_to_target(rec: TrainClock, target: float) -> float | None:
 
 
 def _row(task: _Task, method: str, target: float, base: list[TrainClock], cand: list[TrainClock]) -> BenchRow:
-    t_base, t_cand = median(_reached(base)), median(_reached(cand))
+    t_base = median(_reached(base))
+    t_cand = median(_reached(cand))
     ratio = _ratio(t_base, t_cand)
     cpu_ratio = _ratio(median(_reached(base, cpu=True)), median(_reached(cand, cpu=True)))
     hits_b = sum(r.reached_at is not None for r in base)

@@ -60,8 +60,17 @@ from lightning_speedups.measure import machine_info
 from lightning_speedups.optim import SpeedupMixin
 from lightning_speedups.recipes import fast_train
 
-__all__ = ["ALL_METHODS", "METHODS", "QUICK_TASKS", "ROW_KEYS", "format_summary", "main", "run", "run_suite",
-           "summarize"]  # fmt: skip
+__all__ = [
+    "ALL_METHODS",
+    "METHODS",
+    "QUICK_TASKS",
+    "ROW_KEYS",
+    "format_summary",
+    "main",
+    "run",
+    "run_suite",
+    "summarize",
+]
 
 METHODS = ("baseline", "fast_train", "autotune_first", "autotune_cached")  # the default run
 # only when named: advisor_top (the check that the advisor's first fix slows no task down), precision_trial (the plain
@@ -69,9 +78,25 @@ METHODS = ("baseline", "fast_train", "autotune_first", "autotune_cached")  # the
 # reference for what the trial can win)
 ALL_METHODS = (*METHODS, "advisor_top", "precision_trial", "bf16")
 QUICK_TASKS = ("tabular_mlp", "digits")  # a plain MLP and an image CNN (autotune's device-data path): a smoke test
-ROW_KEYS = ("task", "kind", "split", "method", "seed", "time_to_target_s", "quality", "metric", "machine", "trial_s",
-            "steps", "train_s", "cpu_time_to_target_s", "cpu_s", "batch_scale", "predicted_gain",
-            "notes")  # fmt: skip
+ROW_KEYS = (
+    "task",
+    "kind",
+    "split",
+    "method",
+    "seed",
+    "time_to_target_s",
+    "quality",
+    "metric",
+    "machine",
+    "trial_s",
+    "steps",
+    "train_s",
+    "cpu_time_to_target_s",
+    "cpu_s",
+    "batch_scale",
+    "predicted_gain",
+    "notes",
+)
 SMALL_NOTE = "small build (smoke test: the target does not apply)"
 
 
@@ -114,7 +139,8 @@ class _TrainLoaderSwap(L.LightningDataModule):
 
     def __init__(self, source: Any, train_loader: Any) -> None:
         super().__init__()
-        self.source, self.train_loader = source, train_loader
+        self.source = source
+        self.train_loader = train_loader
 
     def setup(self, stage: str) -> None:
         self.source.setup(stage)
@@ -133,15 +159,26 @@ def _baseline(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Pat
 def _fast_train(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: Path) -> _Prepared | str:
     model, data = _build_seeded(w, seed, small)
     if not isinstance(model, SpeedupMixin):
-        return (f"not applicable: {type(model).__name__} is a plain LightningModule with its own "
-                "configure_optimizers; fast_train sets the optimizer and schedule through SpeedupMixin")  # fmt: skip
+        return (
+            f"not applicable: {type(model).__name__} is a plain LightningModule with its own "
+            "configure_optimizers; fast_train sets the optimizer and schedule through SpeedupMixin"
+        )
     planned = trainer_kwargs(w)
     start = time.perf_counter()
-    recipe = fast_train(model=model, precision="32-true" if no_bf16 else "auto", cache_dir=str(cache_dir),
-                        **{k: v for k, v in planned.items() if k != "precision"})  # fmt: skip
+    recipe = fast_train(
+        model=model,
+        precision="32-true" if no_bf16 else "auto",
+        cache_dir=str(cache_dir),
+        **{k: v for k, v in planned.items() if k != "precision"},
+    )
     recipe.apply(model)
-    return _Prepared(_prebuilt(w, model, data), list(recipe.callbacks), dict(recipe.trainer_kwargs),
-                     time.perf_counter() - start, list(recipe.notes))  # fmt: skip
+    return _Prepared(
+        _prebuilt(w, model, data),
+        list(recipe.callbacks),
+        dict(recipe.trainer_kwargs),
+        time.perf_counter() - start,
+        list(recipe.notes),
+    )
 
 
 def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
@@ -161,13 +198,21 @@ def _autotune(cached: bool) -> Callable[..., _Prepared | str]:
         trial_s = time.perf_counter() - start - (plan.setup_s if plan.reuses_setup(data) else 0.0)
         if cached and not plan.from_cache:
             notes.append("the cache missed: trials ran again")
-        fit_data = plan.datamodule or (_TrainLoaderSwap(data, plan.train_dataloaders) if plan.train_dataloaders
-                                       is not None else data)  # fmt: skip
+        fit_data = plan.datamodule or (
+            _TrainLoaderSwap(data, plan.train_dataloaders) if plan.train_dataloaders is not None else data
+        )
         # the changed choices (a filter on the value read channels_last=True as 1, "unchanged", and left it out)
         kept = [f"{c.name}={c.chosen} ({c.gain:.2f}x per step)" for c in plan.choices if c.changed]
         notes = [f"kept: {', '.join(kept) or 'nothing'}", *notes, *plan.notes]
-        return _Prepared(_prebuilt(w, model, fit_data), list(plan.callbacks), dict(plan.trainer_kwargs), trial_s,
-                         notes, int(plan.settings.get("batch_scale", 1)), lambda: plan.gain)  # fmt: skip
+        return _Prepared(
+            _prebuilt(w, model, fit_data),
+            list(plan.callbacks),
+            dict(plan.trainer_kwargs),
+            trial_s,
+            notes,
+            int(plan.settings.get("batch_scale", 1)),
+            lambda: plan.gain,
+        )
 
     return prepare
 
@@ -181,8 +226,10 @@ def _advisor_top(w: Workload, seed: int, small: bool, no_bf16: bool, cache_dir: 
         why = f"nothing applied: the advisor's findings ({keys}) ask for a code change or a measurement first"
         return _Prepared(w, [], {}, 0.0, [why, f"the advisor's run took {advise_s:.1f} s"])
     callbacks, overrides = FIXES[finding["key"]]()
-    notes = [f"applied: {finding['key']}: {finding['title']} ({finding['fix']}){above}",
-             f"the advisor's run took {advise_s:.1f} s"]  # fmt: skip
+    notes = [
+        f"applied: {finding['key']}: {finding['title']} ({finding['fix']}){above}",
+        f"the advisor's run took {advise_s:.1f} s",
+    ]
     return _Prepared(w, callbacks, overrides, 0.0, notes)
 
 
@@ -210,8 +257,9 @@ _PREPARE: dict[str, Callable[..., _Prepared | str]] = {
 }
 
 
-def _row(w: Workload, method: str, seed: int, result: dict[str, Any], prep: _Prepared, machine: dict[str, Any],
-         small: bool) -> dict[str, Any]:  # fmt: skip
+def _row(
+    w: Workload, method: str, seed: int, result: dict[str, Any], prep: _Prepared, machine: dict[str, Any], small: bool
+) -> dict[str, Any]:
     hit = result["time_to_target_s"]
     notes = [SMALL_NOTE] if small else []
     notes += [f"PrecisionTrial: {cb.note}" for cb in prep.callbacks if type(cb).__name__ == "PrecisionTrial"]
@@ -252,8 +300,11 @@ def _warm_up(w: Workload) -> None:
 def _echo(r: dict[str, Any]) -> None:
     t = "target not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s to target"
     quality = "-" if r["quality"] is None else f"{r['quality']:.4g}"
-    print(f"[workloads] {r['task']} {r['method']} seed {r['seed']}: {t} (trial {r['trial_s']:.1f} s), {r['metric']} "
-          f"{quality} at the end, {r['steps']} steps", flush=True)  # fmt: skip
+    print(
+        f"[workloads] {r['task']} {r['method']} seed {r['seed']}: {t} (trial {r['trial_s']:.1f} s), {r['metric']} "
+        f"{quality} at the end, {r['steps']} steps",
+        flush=True,
+    )
 
 
 def _read_rows(path: Path, small: bool) -> list[dict[str, Any]]:
@@ -282,7 +333,8 @@ def _rotated(methods: Sequence[str], k: int) -> list[str]:
     ``autotune_first`` still before ``autotune_cached`` (the cache the second reads is the first's)."""
     order = list(methods)[k % len(methods) :] + list(methods)[: k % len(methods)] if methods else []
     if "autotune_first" in order and "autotune_cached" in order:
-        i, j = order.index("autotune_first"), order.index("autotune_cached")
+        i = order.index("autotune_first")
+        j = order.index("autotune_cached")
         if j < i:
             order[i], order[j] = order[j], order[i]
     return order
@@ -341,8 +393,9 @@ def run_suite(
                         if echo:
                             print(f"[workloads] {w.name} {method} seed {seed}: {prep}", flush=True)
                         continue
-                    result = time_to_target(prep.workload, seed, callbacks=prep.callbacks,
-                                            trainer_overrides=prep.overrides, small=quick)  # fmt: skip
+                    result = time_to_target(
+                        prep.workload, seed, callbacks=prep.callbacks, trainer_overrides=prep.overrides, small=quick
+                    )
                     rows.append(_row(w, method, seed, result, prep, machine, quick))
                     if path is not None:
                         write_rows(path, rows)
@@ -382,13 +435,21 @@ def run(
             f"{s['reached']}/{s['n']} runs reached the target (baseline {base['reached']}/{base['n']}); "
             f"{s['metric']} at the end: {s['quality']} vs {base['quality']}; trials {s['trial_s']:.1f} s counted"
         )
-        out.append(BenchRow(
-            technique="workloads", variant=f"{s['method']} vs plain baseline ({s['task']}, {s['split']})",
-            metric=f"time to {s['metric']} target", baseline=_nan(base["median_s"]), candidate=_nan(s["median_s"]),
-            ratio=ratio, unit="s", accuracy_baseline=base["quality"] if acc else None,
-            accuracy_candidate=s["quality"] if acc else None, note=note,
-            extra={k: s[k] for k in ("ratio_min", "ratio_max") if s.get(k) is not None},
-        ))  # fmt: skip
+        out.append(
+            BenchRow(
+                technique="workloads",
+                variant=f"{s['method']} vs plain baseline ({s['task']}, {s['split']})",
+                metric=f"time to {s['metric']} target",
+                baseline=_nan(base["median_s"]),
+                candidate=_nan(s["median_s"]),
+                ratio=ratio,
+                unit="s",
+                accuracy_baseline=base["quality"] if acc else None,
+                accuracy_candidate=s["quality"] if acc else None,
+                note=note,
+                extra={k: s[k] for k in ("ratio_min", "ratio_max") if s.get(k) is not None},
+            )
+        )
     return out
 
 
@@ -420,8 +481,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: `--seeds`={args.seeds!r} is not a list of integers. Allowed values: e.g. 0,1,2", file=sys.stderr)
         return 2
     try:
-        rows = run_suite(comma_list(args.tasks), comma_list(args.methods) or METHODS, seeds, args.json,
-                         quick=args.quick, no_bf16=args.no_bf16)  # fmt: skip
+        rows = run_suite(
+            comma_list(args.tasks),
+            comma_list(args.methods) or METHODS,
+            seeds,
+            args.json,
+            quick=args.quick,
+            no_bf16=args.no_bf16,
+        )
     except SpeedupConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -51,9 +51,26 @@ from lightning_speedups.measure.timing import interleaved_timings
 
 __all__ = ["ROW_KEYS", "ceilings", "format_summary", "main", "run_suite", "steps_to_target"]
 
-ROW_KEYS = ("task", "kind", "split", "steps_to_target", "planned_steps", "loader_s", "step_s", "ratios", "best",
-            "best_fp32", "compiled", "ceiling", "ceiling_fp32", "ceiling_loader", "ceiling_batch", "bf16_units",
-            "machine", "notes")  # fmt: skip
+ROW_KEYS = (
+    "task",
+    "kind",
+    "split",
+    "steps_to_target",
+    "planned_steps",
+    "loader_s",
+    "step_s",
+    "ratios",
+    "best",
+    "best_fp32",
+    "compiled",
+    "ceiling",
+    "ceiling_fp32",
+    "ceiling_loader",
+    "ceiling_batch",
+    "bf16_units",
+    "machine",
+    "notes",
+)
 SINGLES: dict[str, dict[str, Any]] = {
     "bf16": {"precision": "bf16-mixed"},
     "channels_last": {"channels_last": True},
@@ -77,9 +94,15 @@ def steps_to_target(task: str, baseline_rows: Iterable[dict[str, Any]]) -> int |
         >>> steps_to_target("t", rows)
         200
     """
-    steps = [r["steps"] * r["time_to_target_s"] / r["train_s"] for r in baseline_rows
-             if r.get("task") == task and r.get("method") == "baseline" and r.get("time_to_target_s") is not None
-             and r.get("steps") and r.get("train_s")]  # fmt: skip
+    steps = [
+        r["steps"] * r["time_to_target_s"] / r["train_s"]
+        for r in baseline_rows
+        if r.get("task") == task
+        and r.get("method") == "baseline"
+        and r.get("time_to_target_s") is not None
+        and r.get("steps")
+        and r.get("train_s")
+    ]
     return round(statistics.median(steps)) if steps else None
 
 
@@ -96,11 +119,15 @@ def ceilings(row: dict[str, Any]) -> dict[str, float]:
         >>> {k: round(v, 2) for k, v in ceilings(row).items()}
         {'ceiling': 2.2, 'ceiling_fp32': 1.1, 'ceiling_loader': 1.83, 'ceiling_batch': 2.75}
     """
-    n, loader = row["steps_to_target"], row["loader_s"]
+    n = row["steps_to_target"]
+    loader = row["loader_s"]
     base = row["step_s"]["fp32"] + loader
     out = {}
-    for key, combo, kept in (("ceiling", "best", 0.0), ("ceiling_fp32", "best_fp32", 0.0),
-                             ("ceiling_loader", "best", loader)):  # fmt: skip
+    for key, combo, kept in (
+        ("ceiling", "best", 0.0),
+        ("ceiling_fp32", "best_fp32", 0.0),
+        ("ceiling_loader", "best", loader),
+    ):
         seconds = n * (row[combo]["step_s"] + kept)
         compiled = row["compiled"].get(combo)
         if compiled is not None:
@@ -187,8 +214,9 @@ def _compiled(ctx: TrialContext, plan: dict[str, Any], rounds: int) -> dict[str,
     return {"plan": plan, "compile_s": compile_s, "step_s": medians["compiled"], "vs_eager": ratios["compiled"]}
 
 
-def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool = False, small: bool = False,
-                 compile: bool = True) -> dict[str, Any]:  # fmt: skip
+def measure_task(
+    w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool = False, small: bool = False, compile: bool = True
+) -> dict[str, Any]:
     """One row: the task's step under every candidate and the oracle's combinations (see the module docstring)."""
     L.seed_everything(0, verbose=False)
     model, data = w.build(0, small=small)
@@ -203,21 +231,28 @@ def measure_task(w: Workload, steps: int | None, rounds: int = 9, no_bf16: bool 
     ctx = TrialContext(model, batch, torch.device("cpu"), planned, 0.05, math.inf, {})
     singles = _singles(ctx, no_bf16)
     step_s, ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in singles.items()}}, rounds)
-    best, best_fp32 = _combo(singles, ratios, True), _combo(singles, ratios, False)
+    best = _combo(singles, ratios, True)
+    best_fp32 = _combo(singles, ratios, False)
     combos = {"best": best} if best == best_fp32 else {"best": best, "best_fp32": best_fp32}
-    _, combo_ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in combos.items()}},
-                                  rounds)  # fmt: skip
+    _, combo_ratios = _time({"fp32": make_step(ctx, {}), **{n: make_step(ctx, p) for n, p in combos.items()}}, rounds)
     row: dict[str, Any] = {
-        "task": w.name, "kind": w.kind, "split": w.split, "steps_to_target": steps or planned,
-        "planned_steps": planned, "loader_s": _loader_seconds(loader, LOADER_BATCHES), "step_s": step_s,
-        "ratios": ratios, "bf16_units": cpu_bf16_units() if not no_bf16 else None, "machine": machine_info(),
-        "notes": notes, "compiled": {},
-    }  # fmt: skip
+        "task": w.name,
+        "kind": w.kind,
+        "split": w.split,
+        "steps_to_target": steps or planned,
+        "planned_steps": planned,
+        "loader_s": _loader_seconds(loader, LOADER_BATCHES),
+        "step_s": step_s,
+        "ratios": ratios,
+        "bf16_units": cpu_bf16_units() if not no_bf16 else None,
+        "machine": machine_info(),
+        "notes": notes,
+        "compiled": {},
+    }
     for key in ("best", "best_fp32"):
         name = key if key in combos else "best"
         # the combination's step relative to this group's own fp32 step, carried onto the singles' fp32 step
-        row[key] = {"plan": combos[name], "step_s": step_s["fp32"] / combo_ratios[name][0],
-                    "ratio": combo_ratios[name]}  # fmt: skip
+        row[key] = {"plan": combos[name], "step_s": step_s["fp32"] / combo_ratios[name][0], "ratio": combo_ratios[name]}
     if compile:
         before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         with tempfile.TemporaryDirectory() as cache:  # a cold compile, as a user's first run has it
@@ -307,18 +342,23 @@ def _per_sample(row: dict[str, Any]) -> str:
 def _line(row: dict[str, Any]) -> str:
     singles = ", ".join(f"{n} {_ratio(r)}" for n, r in row["ratios"].items() if n not in ("fp32", "batch_x2"))
     singles += f", batch x2 {_per_sample(row)} per sample"
-    return (f"{row['task']}: fp32 step {row['step_s']['fp32'] * 1e3:.1f} ms, loader {row['loader_s'] * 1e3:.1f} ms; "
-            f"{singles}; best {_plan_words(row['best']['plan'])} {_ratio(row['best']['ratio'])}, compiled "
-            f"{_compiled_words(row, 'best')}; ceiling {row['ceiling']:.2f}x (fp32 {row['ceiling_fp32']:.2f}x, "
-            f"loader kept {row['ceiling_loader']:.2f}x, batch {row['ceiling_batch']:.2f}x) over "
-            f"{row['steps_to_target']} steps")  # fmt: skip
+    return (
+        f"{row['task']}: fp32 step {row['step_s']['fp32'] * 1e3:.1f} ms, loader {row['loader_s'] * 1e3:.1f} ms; "
+        f"{singles}; best {_plan_words(row['best']['plan'])} {_ratio(row['best']['ratio'])}, compiled "
+        f"{_compiled_words(row, 'best')}; ceiling {row['ceiling']:.2f}x (fp32 {row['ceiling_fp32']:.2f}x, "
+        f"loader kept {row['ceiling_loader']:.2f}x, batch {row['ceiling_batch']:.2f}x) over "
+        f"{row['steps_to_target']} steps"
+    )
 
 
 def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     """A markdown table, one row per task, and a line per split with the median ceilings."""
-    lines = ["| task | split | steps to target | fp32 step, loader (ms) | bf16 | channels_last | optimizer kernel | "
-             "batch x2 per sample | best eager | compiled (its step, compile s) | ceiling | ceiling fp32 | "
-             "ceiling, loader kept | ceiling with batch x2 |", "|" + "---|" * 14]  # fmt: skip
+    lines = [
+        "| task | split | steps to target | fp32 step, loader (ms) | bf16 | channels_last | optimizer kernel | "
+        "batch x2 per sample | best eager | compiled (its step, compile s) | ceiling | ceiling fp32 | "
+        "ceiling, loader kept | ceiling with batch x2 |",
+        "|" + "---|" * 14,
+    ]
     for r in rows:
         ratios = r["ratios"]
         kernels = [f"{n} {_ratio(ratios[n])}" for n in ("fused", "foreach") if n in ratios]
@@ -334,10 +374,12 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
         if picked:
             keys = ("ceiling", "ceiling_fp32", "ceiling_loader", "ceiling_batch")
             med = {k: statistics.median(r[k] for r in picked) for k in keys}
-            lines.append(f"\nMedian over the {len(picked)} {split.replace('_', '-')} tasks: ceiling "
-                         f"{med['ceiling']:.2f}x, fp32 {med['ceiling_fp32']:.2f}x, loader kept "
-                         f"{med['ceiling_loader']:.2f}x, with a doubled batch "
-                         f"{med['ceiling_batch']:.2f}x.")  # fmt: skip
+            lines.append(
+                f"\nMedian over the {len(picked)} {split.replace('_', '-')} tasks: ceiling "
+                f"{med['ceiling']:.2f}x, fp32 {med['ceiling_fp32']:.2f}x, loader kept "
+                f"{med['ceiling_loader']:.2f}x, with a doubled batch "
+                f"{med['ceiling_batch']:.2f}x."
+            )
     return "\n".join(lines)
 
 
@@ -348,8 +390,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The most autotune's candidates could gain per workload (an oracle).")
     parser.add_argument("--json", metavar="PATH", help="rows, rewritten after each one; a re-run resumes from it")
     parser.add_argument("--tasks", metavar="NAMES", help=f"comma-separated, from {', '.join(list_workloads())}")
-    parser.add_argument("--baselines", metavar="DIR", default=None,
-                        help="folder of the workload JSON files (steps to target), e.g. docs/_data")  # fmt: skip
+    parser.add_argument(
+        "--baselines",
+        metavar="DIR",
+        default=None,
+        help="folder of the workload JSON files (steps to target), e.g. docs/_data",
+    )
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per comparison (default 9)")
     parser.add_argument("--no-bf16", action="store_true", help="keep bf16 out (a CPU without bf16 units)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
@@ -357,8 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tasks = comma_list(args.tasks)
     try:
-        rows = run_suite(tasks, args.json, args.baselines, args.rounds, args.no_bf16, args.small,
-                         not args.no_compile)  # fmt: skip
+        rows = run_suite(tasks, args.json, args.baselines, args.rounds, args.no_bf16, args.small, not args.no_compile)
     except SpeedupConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

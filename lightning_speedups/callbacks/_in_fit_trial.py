@@ -66,11 +66,15 @@ class InFitTrial(Callback):
         clock: Callable[[], float] = time.perf_counter,
         on_decision: Callable[[Any], None] | None = None,
     ) -> None:
-        check_range("margin", margin, 0.0, 1.0, hint=f"0.05 keeps {self._label(self.CANDIDATE)} only when at "
-                    "least 5% faster")  # fmt: skip
+        check_range(
+            "margin", margin, 0.0, 1.0, hint=f"0.05 keeps {self._label(self.CANDIDATE)} only when at least 5% faster"
+        )
         check_int("max_rounds", max_rounds, MIN_ROUNDS, 1000)
         check_range("max_cost", max_cost, 0.0, 1.0, low_inclusive=False, hint="0.02: 2% of the planned fit")
-        self.margin, self.max_rounds, self.max_cost, self.clock = float(margin), int(max_rounds), float(max_cost), clock
+        self.margin = float(margin)
+        self.max_rounds = int(max_rounds)
+        self.max_cost = float(max_cost)
+        self.clock = clock
         self.on_decision = on_decision
         self.kept: str | None = None  # BASELINE or CANDIDATE once decided
         self.times: dict[str, list[float]] = {self.BASELINE: [], self.CANDIDATE: []}  # complete rounds only
@@ -109,12 +113,16 @@ class InFitTrial(Callback):
     def _decide_unsupported(self, why: str | None) -> None:
         """Keep the baseline without a step spent on the candidate, where ``why`` says it cannot run here."""
         if why is not None and self.kept is None:
-            self.kept, self.note = self.BASELINE, f"{self._label(self.CANDIDATE)} not tried: {why}"
+            self.kept = self.BASELINE
+            self.note = f"{self._label(self.CANDIDATE)} not tried: {why}"
             rank_zero_info(f"{type(self).__name__}: {self.note}; the fit runs in {self._label(self.BASELINE)}.")
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._slot, self._pending, self._group = 0, None, (0, 0.0)  # a resumed trial warms both options up again
+        # a resumed trial warms both options up again
+        self._slot = 0
+        self._pending = None
+        self._group = (0, 0.0)
         self._accumulate = max(1, int(trainer.accumulate_grad_batches))
         self._planned_steps = float(trainer.estimated_stepping_batches)
 
@@ -153,7 +161,9 @@ class InFitTrial(Callback):
             why = self._check(trainer, pl_module, batch, batch_idx) if trainer.is_global_zero else None
             why = trainer.strategy.broadcast(why, src=0)
             if why is not None:  # before the candidate's first step: it fails here
-                self.kept, self.note, self._t0 = self.BASELINE, f"kept {self._label(self.BASELINE)}: {why}", None
+                self.kept = self.BASELINE
+                self.note = f"kept {self._label(self.BASELINE)}: {why}"
+                self._t0 = None
                 self._decided(trainer)
         self.arm = None if waiting else self._arm_now()
         option = self.arm or (self.BASELINE if waiting else self.kept) or self.BASELINE
@@ -167,13 +177,16 @@ class InFitTrial(Callback):
         self._leave()
         if self._t0 is None:
             return
-        seconds, self._t0 = self._now() - self._t0, None
-        batches, seconds = self._group[0] + 1, self._group[1] + seconds
+        seconds = self._now() - self._t0
+        self._t0 = None
+        batches = self._group[0] + 1
+        seconds = self._group[1] + seconds
         if batches < self._accumulate:  # the option holds until the optimizer steps (gradient accumulation)
             self._group = (batches, seconds)
             return
         self._group = (0, 0.0)
-        slot, self._slot = self._slot, self._slot + 1
+        slot = self._slot
+        self._slot = self._slot + 1
         if slot < 2:
             return
         if (slot - 2) % 2 == 0:
@@ -191,7 +204,9 @@ class InFitTrial(Callback):
         decision = trainer.strategy.broadcast(decision, src=0)
         if decision is None:
             return
-        self.kept, self.ratio, self.note = decision[0], tuple(decision[1]), decision[2]
+        self.kept = decision[0]
+        self.ratio = tuple(decision[1])
+        self.note = decision[2]
         self._decided(trainer)
 
     def _decided(self, trainer: L.Trainer) -> None:
@@ -201,8 +216,10 @@ class InFitTrial(Callback):
 
     def _decision(self) -> tuple[str, tuple[float, float, float], str] | None:
         """The option to keep, its ratio and the note, or ``None`` while the rounds go on."""
-        rounds, ratio = self.rounds, (1.0, 1.0, 1.0)
-        base, cand = self._label(self.BASELINE), self._label(self.CANDIDATE)
+        rounds = self.rounds
+        ratio = (1.0, 1.0, 1.0)
+        base = self._label(self.BASELINE)
+        cand = self._label(self.CANDIDATE)
         if rounds >= MIN_ROUNDS:
             result = settle(self.times, self.BASELINE, min_gain=self.margin)
             ratio = result.ratios[self.CANDIDATE]
@@ -223,7 +240,8 @@ class InFitTrial(Callback):
 
     def _verdict(self, winner: str, ratio: tuple[float, float, float]) -> tuple[str, tuple[float, float, float], str]:
         lo, mid, hi = ratio
-        base, cand = self._label(self.BASELINE), self._label(self.CANDIDATE)
+        base = self._label(self.BASELINE)
+        cand = self._label(self.CANDIDATE)
         if winner == self.CANDIDATE:
             return (
                 self.CANDIDATE,
@@ -242,8 +260,10 @@ class InFitTrial(Callback):
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.kept is None:  # a fit shorter than the rounds: say so rather than leave the note empty
-            self.note = (f"undecided: the fit ended after {self.rounds} of at most {self.max_rounds} rounds; a "
-                         "resumed fit goes on with them")  # fmt: skip
+            self.note = (
+                f"undecided: the fit ended after {self.rounds} of at most {self.max_rounds} rounds; a "
+                "resumed fit goes on with them"
+            )
             rank_zero_info(f"{type(self).__name__}: {self.note}")
 
     @override
@@ -256,8 +276,12 @@ class InFitTrial(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"kept": self.kept, "times": {k: list(v) for k, v in self.times.items()}, "ratio": list(self.ratio),
-                "note": self.note}  # fmt: skip
+        return {
+            "kept": self.kept,
+            "times": {k: list(v) for k, v in self.times.items()},
+            "ratio": list(self.ratio),
+            "note": self.note,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -98,8 +98,9 @@ def packing_problem(pl_module: nn.Module, trainer: Any, docs: Sequence[Tensor]) 
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            together = _logits(model(input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"]
-                                     .to(device)))
+            together = _logits(
+                model(input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device))
+            )
             alone = [
                 _logits(model(input_ids=d[None].to(device), position_ids=torch.arange(len(d))[None].to(device)))
                 for d in (a, b)
@@ -109,8 +110,9 @@ def packing_problem(pl_module: nn.Module, trainer: Any, docs: Sequence[Tensor]) 
     if together is None or any(x is None for x in alone):
         return f"`{name}` returned no logits tensor to check that packed documents stay apart"
     expected = torch.cat([alone[0][0], alone[1][0]])  # type: ignore[index]
-    if together[0].shape != expected.shape or not torch.allclose(together[0].float(), expected.float(), atol=1e-4,
-                                                                  rtol=1e-3):
+    if together[0].shape != expected.shape or not torch.allclose(
+        together[0].float(), expected.float(), atol=1e-4, rtol=1e-3
+    ):
         return (
             f"`{name}` gives different outputs for a document packed beside another than for it alone: its attention "
             "crosses documents. HINT: build the mask with `packed_attention_mask(position_ids)`; a Hugging Face model "
@@ -150,7 +152,8 @@ def estimate_epoch_seconds(
     """
     order = sorted(range(len(epoch_batches)), key=lambda i: padded_tokens[i])
     picks = sorted({order[round(q * (len(order) - 1))] for q in torch.linspace(0, 1, probes).tolist()})
-    xs, ys = [], []
+    xs = []
+    ys = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _step_seconds(model, move_data_to_device(make_batch(epoch_batches[picks[0]]), device), 1)  # warm-up
@@ -158,13 +161,15 @@ def estimate_epoch_seconds(
             batch = move_data_to_device(make_batch(epoch_batches[i]), device)
             xs.append(float(padded_tokens[i]))
             ys.append(_step_seconds(model, batch, repeats))
-    x, y = torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)
+    x = torch.tensor(xs, dtype=torch.float64)
+    y = torch.tensor(ys, dtype=torch.float64)
     if len(xs) > 1 and float(x.var()) > 0:
         slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
         slope = max(slope, 0.0)
         intercept = max(float(y.mean()) - slope * float(x.mean()), 0.0)
     else:
-        slope, intercept = 0.0, float(y.mean())
+        slope = 0.0
+        intercept = float(y.mean())
     return len(epoch_batches) * intercept + slope * float(sum(padded_tokens))
 
 
@@ -224,8 +229,14 @@ def loader_epoch_seconds(model: nn.Module, device: torch.device, loader: Any, pr
     """Estimated seconds of training steps for one epoch of ``loader`` as it is, from its first ``probes`` batches."""
     it = iter(loader)
     first = [next(it) for _ in range(min(probes, len(loader)))]
-    per_batch = estimate_epoch_seconds(model, device, [[i] for i in range(len(first))], lambda i: first[i[0]],
-                                       [_padded(b) for b in first], probes=len(first)) / len(first)
+    per_batch = estimate_epoch_seconds(
+        model,
+        device,
+        [[i] for i in range(len(first))],
+        lambda i: first[i[0]],
+        [_padded(b) for b in first],
+        probes=len(first),
+    ) / len(first)
     return per_batch * len(loader)
 
 
@@ -244,8 +255,9 @@ def sampler_epoch_seconds(
     lengths = sampler.lengths.tolist()
     batches = sampler.batches()
     padded = [padded_tokens(lengths, b, multiple_of, block_size) for b in batches]
-    return estimate_epoch_seconds(model, device, batches, lambda idx: collate([dataset[i] for i in idx]), padded,
-                                  probes)
+    return estimate_epoch_seconds(
+        model, device, batches, lambda idx: collate([dataset[i] for i in idx]), padded, probes
+    )
 
 
 def estimate_batchings(
@@ -275,10 +287,18 @@ def estimate_batchings(
         keep_collate = own_collate_reason(loader, pad_value) is not None
     collate = loader.collate_fn if keep_collate else pad_collate(pad_value, multiple_of)
     for name in strategies:
-        sampler = batching_sampler(name, lengths, int(loader.batch_size), multiple_of=multiple_of,
-                                   drop_last=bool(loader.drop_last), rank=0, world_size=1)
-        estimates[name] = sampler_epoch_seconds(model, device, loader.dataset, sampler, collate,
-                                                multiple_of=multiple_of, probes=probes)
+        sampler = batching_sampler(
+            name,
+            lengths,
+            int(loader.batch_size),
+            multiple_of=multiple_of,
+            drop_last=bool(loader.drop_last),
+            rank=0,
+            world_size=1,
+        )
+        estimates[name] = sampler_epoch_seconds(
+            model, device, loader.dataset, sampler, collate, multiple_of=multiple_of, probes=probes
+        )
     return estimates
 
 

@@ -30,7 +30,8 @@ from lightning_speedups.functional.channels_last import (
 
 __all__ = ["NCHW", "NHWC", "ChannelsLastTrial"]
 
-NCHW, NHWC = "contiguous", "channels_last"
+NCHW = "contiguous"
+NHWC = "channels_last"
 
 
 class ChannelsLastTrial(InFitTrial):
@@ -78,7 +79,8 @@ class ChannelsLastTrial(InFitTrial):
         >>> trainer = L.Trainer(callbacks=[ChannelsLastTrial()], logger=False)
     """
 
-    BASELINE, CANDIDATE = NCHW, NHWC
+    BASELINE = NCHW
+    CANDIDATE = NHWC
     LABELS = {NCHW: "NCHW", NHWC: "channels_last"}
 
     def __init__(

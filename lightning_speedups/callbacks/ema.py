@@ -96,7 +96,8 @@ class EMA(EMAWeightAveraging):
         self.update_every_n_steps = update_every_n_steps
         self.update_starting_at_step = update_starting_at_step
         self.update_starting_at_epoch = update_starting_at_epoch
-        self.decay, self.warmup = float(decay), warmup
+        self.decay = float(decay)
+        self.warmup = warmup
         self._raw_state: dict[str, torch.Tensor] | None = None
 
     @override

@@ -87,9 +87,14 @@ class FastSchedule(Callback):
             ("total_steps", total_steps),
         ):
             check_int(name, value, 1, optional=True)
-        self.warmup, self.peak_factor, self.base_batch_size = warmup, peak_factor, base_batch_size
-        self.lr_scaling, self.decay, self.final_lr_ratio = lr_scaling, decay, final_lr_ratio
-        self.batch_size, self.total_steps = batch_size, total_steps
+        self.warmup = warmup
+        self.peak_factor = peak_factor
+        self.base_batch_size = base_batch_size
+        self.lr_scaling = lr_scaling
+        self.decay = decay
+        self.final_lr_ratio = final_lr_ratio
+        self.batch_size = batch_size
+        self.total_steps = total_steps
         self.decay_fraction = decay_fraction
         self.peak_lrs: list[list[float]] = []
         self._total = 0
@@ -132,7 +137,9 @@ class FastSchedule(Callback):
                 "HINT: set Trainer(max_steps=...) or max_epochs, or FastSchedule(total_steps=...)."
             )
         batch = self._batch_size(pl_module)
-        self.peak_lrs, self._schedulers, self._total = [], [], int(total)
+        self.peak_lrs = []
+        self._schedulers = []
+        self._total = int(total)
         for optimizer in trainer.optimizers:
             scheduler = create_fast_schedule(
                 optimizer,

@@ -73,6 +73,15 @@ def _expand_scheduler(sched: Any, sources: list[tuple[int, float]]) -> None:
             setattr(sched, attr, [values[i] * f if scales else values[i] for i, f in sources])
 
 
+def _with_multipliers(cfg: Any, lm: dict[str, float]) -> Any:
+    """The optimizer config ``cfg`` (``None``, a mapping or a config dataclass) with ``lr_multipliers`` = ``lm``."""
+    if cfg is None:
+        return {"lr_multipliers": lm}
+    if isinstance(cfg, Mapping):
+        return {**cfg, "lr_multipliers": lm}
+    return dataclasses.replace(cfg, lr_multipliers=lm)
+
+
 class FineTuneFreezing(Callback):
     """Freeze a pretrained backbone, train the head, then unfreeze the backbone all at once or group by group.
 
@@ -207,11 +216,11 @@ class FineTuneFreezing(Callback):
         cfg: Any = pl_module.optimizer_config
         user: dict[str, float]
         if cfg is None:
-            user, make = {}, lambda lm: {"lr_multipliers": lm}
+            user = {}
         elif isinstance(cfg, Mapping):
-            user, make = dict(cfg.get("lr_multipliers") or {}), lambda lm: {**cfg, "lr_multipliers": lm}
+            user = dict(cfg.get("lr_multipliers") or {})
         elif dataclasses.is_dataclass(cfg) and hasattr(cfg, "lr_multipliers"):
-            user, make = dict(cfg.lr_multipliers), lambda lm: dataclasses.replace(cfg, lr_multipliers=lm)
+            user = dict(cfg.lr_multipliers)
         else:
             return
 
@@ -231,7 +240,7 @@ class FineTuneFreezing(Callback):
                     lm[u] = float(user[u]) * g.lr_mult
                     self._written_prefixes.add(u)
         self._saved_opt_cfg = (pl_module, cfg)
-        pl_module.optimizer_config = make(lm)
+        pl_module.optimizer_config = _with_multipliers(cfg, lm)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

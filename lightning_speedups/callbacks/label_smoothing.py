@@ -66,8 +66,12 @@ class LabelSmoothing(Callback):
         names, has_attr = find_label_smoothing_targets(pl_module, self.attribute)
         if not names and not has_attr:
             apply_label_smoothing(pl_module, self.smoothing, self.attribute)  # raises, saying how to fix the module
-        self._in_hparams = bool(has_attr and self.attribute and self.attribute not in vars(pl_module)
-                                and not hasattr(type(pl_module), self.attribute))
+        self._in_hparams = bool(
+            has_attr
+            and self.attribute
+            and self.attribute not in vars(pl_module)
+            and not hasattr(type(pl_module), self.attribute)
+        )
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -75,7 +75,8 @@ class LRFinder(LearningRateFinder):
             update_attr=False,
         )
         self.rule = rule
-        self.num_training_steps, self.early_stop_threshold = num_training_steps, early_stop_threshold
+        self.num_training_steps = num_training_steps
+        self.early_stop_threshold = early_stop_threshold
         self.plot_path = plot_path
         self.result: LRFinderResult | None = None
 
@@ -85,8 +86,12 @@ class LRFinder(LearningRateFinder):
             lightning_hasattr(pl_module, a) for a in ("lr", "learning_rate")
         )
         if stage == "fit":
-            refuse_sharded(trainer, "LRFinder", "the range test saves, trains and restores the whole model, which a "
-                           "sharded strategy splits over the ranks; run `suggest_lr` on one device and pass the rate.")
+            refuse_sharded(
+                trainer,
+                "LRFinder",
+                "the range test saves, trains and restores the whole model, which a "
+                "sharded strategy splits over the ranks; run `suggest_lr` on one device and pass the rate.",
+            )
         if stage == "fit" and not has_lr:
             raise SpeedupConfigError(
                 f"LRFinder found no learning rate to set on {type(pl_module).__name__}. Allowed values: a module with "
@@ -104,8 +109,9 @@ class LRFinder(LearningRateFinder):
         finder = self.optimal_lr
         if finder is None or not finder.results:  # fast_dev_run: Lightning skips the test
             return
-        self.result = result_from_range_test(finder.results, self.rule, self.num_training_steps,
-                                             self.early_stop_threshold)  # fmt: skip
+        self.result = result_from_range_test(
+            finder.results, self.rule, self.num_training_steps, self.early_stop_threshold
+        )
         where = apply_lr(pl_module, self.result.lr)
         # the optimizer and scheduler were built with the old lr: rebuild them (no step has run yet)
         trainer.strategy.setup_optimizers(trainer)
@@ -126,13 +132,15 @@ def _steps_not_epochs(trainer: L.Trainer) -> Iterator[None]:
     with ``max_epochs=1`` ended a 100-step test at step 40, covering only the low end of the range.
     """
     loop = trainer.fit_loop
-    max_epochs, every = loop.max_epochs, trainer.check_val_every_n_epoch
+    max_epochs = loop.max_epochs
+    every = trainer.check_val_every_n_epoch
     loop.max_epochs = -1  # the test's max_steps (and a diverging loss) end it
     trainer.check_val_every_n_epoch = 1_000_000  # the test only needs the training loss
     try:
         yield
     finally:
-        loop.max_epochs, trainer.check_val_every_n_epoch = max_epochs, every
+        loop.max_epochs = max_epochs
+        trainer.check_val_every_n_epoch = every
 
 
 register_technique(

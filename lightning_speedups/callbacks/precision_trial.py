@@ -22,7 +22,8 @@ from lightning_speedups.measure import NoLossError, model_copy, training_step_lo
 
 __all__ = ["BF16", "FP32", "MIN_ROUNDS", "PrecisionTrial"]
 
-FP32, BF16 = "32-true", "bf16-mixed"
+FP32 = "32-true"
+BF16 = "bf16-mixed"
 
 
 class PrecisionTrial(InFitTrial):
@@ -67,7 +68,8 @@ class PrecisionTrial(InFitTrial):
         >>> trainer = L.Trainer(callbacks=[PrecisionTrial()], logger=False)
     """
 
-    BASELINE, CANDIDATE = FP32, BF16
+    BASELINE = FP32
+    CANDIDATE = BF16
     LABELS = {FP32: "fp32", BF16: "bf16"}
 
     def __init__(
@@ -115,7 +117,8 @@ class PrecisionTrial(InFitTrial):
     @override
     def _leave(self) -> None:
         if self._autocast is not None:
-            ctx, self._autocast = self._autocast, None
+            ctx = self._autocast
+            self._autocast = None
             ctx.__exit__(None, None, None)
 
     @override

@@ -154,9 +154,13 @@ class ProgressiveResizing(Callback):
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         check_int("seed", seed, 0)
         check_int("total_steps", total_steps, 1, optional=True)
-        self.initial_scale, self.finetune_fraction = initial_scale, finetune_fraction
+        self.initial_scale = initial_scale
+        self.finetune_fraction = finetune_fraction
         self.delay_fraction = delay_fraction
-        self.size_increment, self.mode, self.interpolation, self.seed = size_increment, mode, interpolation, seed
+        self.size_increment = size_increment
+        self.mode = mode
+        self.interpolation = interpolation
+        self.seed = seed
         self.total_steps = total_steps
         self.sizes: dict[str, int] = {}  # "HxW" -> training batches seen at that size
         self.last_scale = 1.0
@@ -240,7 +244,8 @@ class ProgressiveResizing(Callback):
 
     def _schedule_scales(self, side: int) -> dict[int, float]:
         """The sides the schedule trains at between its smallest and full size, each with a scale that gives it."""
-        inc, total = self.size_increment, self._total or 0
+        inc = self.size_increment
+        total = self._total or 0
         if 0 < total <= 20_000:  # the sides of this run's steps
             found = {scaled_side(side, self.scale_at(step), inc): self.scale_at(step) for step in range(total)}
         else:  # a long run's ramp passes every multiple of the increment
@@ -269,7 +274,8 @@ class ProgressiveResizing(Callback):
             if step > self.size_increment
             else "a larger initial_scale, or a model that pools globally before its classifier"
         )
-        sides, working = ", ".join(str(k) for k, _ in failed), ", ".join(str(k) for k in sorted(set(runs)))
+        sides = ", ".join(str(k) for k, _ in failed)
+        working = ", ".join(str(k) for k in sorted(set(runs)))
         raise SpeedupConfigError(
             f"ProgressiveResizing: `{type(pl_module).__name__}` fails in training mode on sides {sides}, sizes this "
             f"schedule trains at (`size_increment`={self.size_increment}, `initial_scale`={self.initial_scale}), in "
@@ -293,13 +299,15 @@ class ProgressiveResizing(Callback):
         """The smallest scale that runs, as a clause of the refusal: bisection over the sides (a few forwards)."""
         inc = self.size_increment
         lo = scaled_side(side, self.initial_scale, inc) // inc  # fails (in units of size_increment)
-        hi, verified = side // inc, False  # the largest rounded side: runs if the full size does, checked below
+        hi = side // inc  # the largest rounded side: runs if the full size does, checked below
+        verified = False
         for _ in range(8):
             if hi - lo <= 1:
                 break
             mid = (lo + hi) // 2
             if self._train_error_at(pl_module, batch, runs_full, mid * inc / side) is None:
-                hi, verified = mid, True
+                hi = mid
+                verified = True
             else:
                 lo = mid
         if hi <= lo or hi * inc >= side:

@@ -129,8 +129,13 @@ class Pruning(L.Callback):
         end_epoch = start_epoch if end_epoch is None else end_epoch
         check_int("end_epoch", end_epoch, start_epoch, hint="the last epoch that prunes; not before `start_epoch`.")
         epochs = f"[{start_epoch}, {end_epoch}]"
-        check_int("steps", steps, 1, end_epoch - start_epoch + 1,
-                  hint=f"pruning runs at most once per epoch in {epochs}; widen the epoch range.")  # fmt: skip
+        check_int(
+            "steps",
+            steps,
+            1,
+            end_epoch - start_epoch + 1,
+            hint=f"pruning runs at most once per epoch in {epochs}; widen the epoch range.",
+        )
         if importance == "taylor" and start_epoch < 1:
             raise SpeedupConfigError(
                 "`importance`='taylor' with `start_epoch`=0 has no gradients to rank channels with. Allowed values: "
@@ -141,10 +146,16 @@ class Pruning(L.Callback):
                 "`mode`='structured' needs the optional package `torch_pruning`. Allowed values: 'unstructured' "
                 "without it. HINT: pip install 'lightning-speedups[pruning]'."
             )
-        self.mode, self.amount, self.importance = mode, float(amount), importance
-        self.start_epoch, self.end_epoch, self.steps = start_epoch, end_epoch, steps
+        self.mode = mode
+        self.amount = float(amount)
+        self.importance = importance
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.steps = steps
         self.ignored_layers = None if ignored_layers is None else list(ignored_layers)
-        self.global_pruning, self.make_permanent, self.round_to = global_pruning, make_permanent, round_to
+        self.global_pruning = global_pruning
+        self.make_permanent = make_permanent
+        self.round_to = round_to
         self.example_inputs = example_inputs
         self.schedule = pruning_schedule(self.amount, start_epoch, end_epoch, steps)
         # mutable state (saved in checkpoints)
@@ -191,13 +202,18 @@ class Pruning(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        before_model_weights_load(trainer.strategy, f"pruning:{self.state_key}",
-                                  lambda ckpt: self._restore_from(pl_module, ckpt))  # fmt: skip
+        before_model_weights_load(
+            trainer.strategy, f"pruning:{self.state_key}", lambda ckpt: self._restore_from(pl_module, ckpt)
+        )
         ignored = self._ignored(pl_module) if self.ignored_layers is not None else None
         if self.mode == "unstructured":
-            refuse_sharded(trainer, "Pruning(mode='unstructured')", "masks are parametrizations added after the "
-                           "strategy has flattened the weights, which its flat parameters cannot follow; prune with "
-                           "prune_unstructured() before fitting, or under 'ddp'.")
+            refuse_sharded(
+                trainer,
+                "Pruning(mode='unstructured')",
+                "masks are parametrizations added after the "
+                "strategy has flattened the weights, which its flat parameters cannot follow; prune with "
+                "prune_unstructured() before fitting, or under 'ddp'.",
+            )
             ignored = self._ignored(pl_module)
             # unknown names, and weights a mask cannot stack on, raise here
             if not mask_tensors(pl_module, resolve_layers(pl_module, ignored)):
@@ -229,8 +245,17 @@ class Pruning(L.Callback):
         # validate the whole schedule now: the final amount is pruned, checked and undone (refuses layers that would
         # lose every channel and models the pruned shapes would break), and the dense widths are noted
         scorer = self.importance if self.importance != "taylor" else "l1"  # no gradients yet; only shapes matter
-        plan = prune_structured(pl_module, inputs, self.amount, scorer, self._ignored(pl_module), self.global_pruning,
-                                self.round_to, dry_run=True, reference_channels=self.channels or None)  # fmt: skip
+        plan = prune_structured(
+            pl_module,
+            inputs,
+            self.amount,
+            scorer,
+            self._ignored(pl_module),
+            self.global_pruning,
+            self.round_to,
+            dry_run=True,
+            reference_channels=self.channels or None,
+        )
         if not self.channels:
             self.channels = plan.channels
 
@@ -248,14 +273,20 @@ class Pruning(L.Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        masks, originals = dict(self._masks), dict(self._originals)
+        masks = dict(self._masks)
+        originals = dict(self._originals)
         if self.mode == "unstructured" and self._model is not None:
             live = {k: m.bool().clone() for k, m in named_masks(self._model).items()}
             masks = live or masks  # after make_permanent the last masks are kept for a later resume
             originals = weight_norm_originals(self._model) if live else {}
-        return {"steps_done": self.steps_done, "applied": self.applied, "params_dense": self.params_dense,
-                "channels": dict(self.channels), "masks": masks,
-                "weight_norm_originals": originals}  # fmt: skip
+        return {
+            "steps_done": self.steps_done,
+            "applied": self.applied,
+            "params_dense": self.params_dense,
+            "channels": dict(self.channels),
+            "masks": masks,
+            "weight_norm_originals": originals,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -291,8 +322,13 @@ class Pruning(L.Callback):
             summary = self._prune_structured(trainer, pl_module, target)
         else:
             first = not masked_modules(pl_module)
-            summary = prune_unstructured(pl_module, target, self.importance, self._ignored(pl_module),
-                                         "global" if self.global_pruning else "layer")  # fmt: skip
+            summary = prune_unstructured(
+                pl_module,
+                target,
+                self.importance,
+                self._ignored(pl_module),
+                "global" if self.global_pruning else "layer",
+            )
             if first:
                 rewrap_ddp(trainer)  # parametrizing re-sets the weights: DDP's gradient hooks must be registered anew
         self.steps_done += len(due)
@@ -301,9 +337,16 @@ class Pruning(L.Callback):
         self._log(trainer, pl_module, target)
 
     def _prune_structured(self, trainer: L.Trainer, pl_module: L.LightningModule, target: float) -> PruningSummary:
-        summary = prune_structured(pl_module, self._inputs(pl_module), target, self.importance,
-                                   self._ignored(pl_module), self.global_pruning, self.round_to,
-                                   reference_channels=self.channels or None)  # fmt: skip
+        summary = prune_structured(
+            pl_module,
+            self._inputs(pl_module),
+            target,
+            self.importance,
+            self._ignored(pl_module),
+            self.global_pruning,
+            self.round_to,
+            reference_channels=self.channels or None,
+        )
         if trainer.world_size > 1:
             self._check_same_plan(trainer, pl_module, summary)
         stats = rebuild_optimizers(trainer, pl_module, summary.origins)

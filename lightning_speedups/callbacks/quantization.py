@@ -86,8 +86,13 @@ class QuantizationAwareTraining(Callback):
         example_inputs: Any = None,
     ) -> None:
         check_int("start_epoch", start_epoch, 0)
-        check_int("freeze_bn_epoch", freeze_bn_epoch, start_epoch, optional=True,
-                  hint=f"freeze BatchNorm statistics late in QAT, not before `start_epoch`={start_epoch}.")  # fmt: skip
+        check_int(
+            "freeze_bn_epoch",
+            freeze_bn_epoch,
+            start_epoch,
+            optional=True,
+            hint=f"freeze BatchNorm statistics late in QAT, not before `start_epoch`={start_epoch}.",
+        )
         check_choice("backend", backend, ("auto", *INFERENCE_BACKENDS))
         self.config = FakeQuantConfig(weight_dtype, activation_dtype, tuple(layers), tuple(exclude))
         self.start_epoch = start_epoch
@@ -103,9 +108,13 @@ class QuantizationAwareTraining(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         require("torchao.quantization.qat", "quantization", "QuantizationAwareTraining")
         if stage == "fit":
-            refuse_sharded(trainer, "QuantizationAwareTraining", "fake quantizers are swapped in after the strategy "
-                           "has flattened and sharded the weights (a rank can hold an empty shard); train with QAT "
-                           "on one device or under 'ddp'.")
+            refuse_sharded(
+                trainer,
+                "QuantizationAwareTraining",
+                "fake quantizers are swapped in after the strategy "
+                "has flattened and sharded the weights (a rank can hold an empty shard); train with QAT "
+                "on one device or under 'ddp'.",
+            )
         max_epochs = trainer.max_epochs
         if stage == "fit" and max_epochs is not None and max_epochs >= 0 and self.start_epoch >= max_epochs:
             raise SpeedupConfigError(

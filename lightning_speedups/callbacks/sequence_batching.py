@@ -182,9 +182,12 @@ class SequenceBatching(Callback):
             else:
                 self._pack_problem = "one document"
             if self._pack_problem is not None and self.strategy == "packed":
-                hint = (" HINT: to pack, leave `collate_fn` out of the DataLoader: pack_collate builds `input_ids`, "
-                        "`labels` (-100 at each document's first token) and `position_ids` itself."
-                        if self._own_collate is not None else "")  # fmt: skip
+                hint = (
+                    " HINT: to pack, leave `collate_fn` out of the DataLoader: pack_collate builds `input_ids`, "
+                    "`labels` (-100 at each document's first token) and `position_ids` itself."
+                    if self._own_collate is not None
+                    else ""
+                )
                 raise SpeedupConfigError(
                     f"`strategy`='packed' cannot be used: {self._pack_problem}. Allowed values: 'length_grouped', "
                     f"'token_budget', 'auto'.{hint}"
@@ -333,8 +336,10 @@ class SequenceBatching(Callback):
         try:
             self.estimates["original"] = loader_epoch_seconds(model, device, self._source)
         except Exception as err:  # noqa: BLE001  (e.g. default_collate on samples of different lengths)
-            rank_zero_info(f"SequenceBatching: your loader was not timed: it cannot batch these samples "
-                           f"({type(err).__name__}: {err}).")  # fmt: skip
+            rank_zero_info(
+                f"SequenceBatching: your loader was not timed: it cannot batch these samples "
+                f"({type(err).__name__}: {err})."
+            )
         for name in candidates:
             self.estimates[name] = sampler_epoch_seconds(
                 model,

@@ -119,7 +119,9 @@ class TokenThroughput(Callback):
         if stage != "fit":
             return
         self._reset()
-        self.active, self.metrics, self.last_count = True, {}, None
+        self.active = True
+        self.metrics = {}
+        self.last_count = None
         device = trainer.strategy.root_device
         self._cuda = device.type == "cuda"
         self.peak = device_peak_flops(device, train_dtype(str(trainer.precision))) if self.log_mfu else None
@@ -158,8 +160,11 @@ class TokenThroughput(Callback):
             self._stop(f"counting the batch's tokens failed ({type(err).__name__}: {err})")
             return None
         if count is None:
-            what = "`batch_to_tokens` returned None" if self.batch_to_tokens is not None else (
-                "the training batch holds no integer (batch, length) token tensor (an image batch?)")
+            what = (
+                "`batch_to_tokens` returned None"
+                if self.batch_to_tokens is not None
+                else ("the training batch holds no integer (batch, length) token tensor (an image batch?)")
+            )
             self._stop(what)
         return count
 
@@ -188,13 +193,21 @@ class TokenThroughput(Callback):
             return
         self.metrics = self._rates()
         for name, value in self.metrics.items():
-            pl_module.log(f"train/{name}", value, on_step=True, on_epoch=False, batch_size=count.sequences or 1,
-                          prog_bar=self.prog_bar and name == "tokens_per_sec")
+            pl_module.log(
+                f"train/{name}",
+                value,
+                on_step=True,
+                on_epoch=False,
+                batch_size=count.sequences or 1,
+                prog_bar=self.prog_bar and name == "tokens_per_sec",
+            )
 
     def _rates(self) -> dict[str, float]:
-        (t0, real0, padded0, flops0), (t1, real1, padded1, flops1) = self._window[0], self._window[-1]
+        t0, real0, padded0, flops0 = self._window[0]
+        t1, real1, padded1, flops1 = self._window[-1]
         dt = max(t1 - t0, 1e-12)
-        real, padded = real1 - real0, padded1 - padded0
+        real = real1 - real0
+        padded = padded1 - padded0
         out = {
             "tokens_per_sec": real / dt,
             "padded_tokens_per_sec": padded / dt,

@@ -91,7 +91,8 @@ class SequenceBatchSampler(Sampler[list[int]]):
         if world_size is not None:
             check_int("world_size", world_size, 1)
             check_int("rank", rank, 0, world_size - 1)
-        self._rank, self._world = rank, world_size
+        self._rank = rank
+        self._world = world_size
         self.epoch = 0
         self.sampler = EpochSetter(self)  # Lightning calls batch_sampler.sampler.set_epoch(epoch)
         self._consumed = 0  # batches of this epoch yielded so far (this rank)

@@ -173,10 +173,15 @@ class DeviceDataLoader:
             raise SpeedupConfigError(
                 "`tensors` are empty (length 0): there is nothing to load. Allowed values: tensors with samples."
             )
-        self.batch_size, self.shuffle, self.drop_last, self.seed = batch_size, bool(shuffle), bool(drop_last), int(seed)
-        self.transform, self.transform_index = transform, transform_index
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.seed = int(seed)
+        self.transform = transform
+        self.transform_index = transform_index
         self._device_spec = device
-        self._rank, self._world_size = rank, world_size
+        self._rank = rank
+        self._world_size = world_size
         self._epoch = 0
         self.sampler = EpochSetter(self)  # Lightning's `_set_sampler_epoch` looks for `loader.sampler.set_epoch`
         self.batch_sampler = None  # read by Lightning's `_is_dataloader_shuffled` next to `sampler`
@@ -190,7 +195,8 @@ class DeviceDataLoader:
     # ------------------------------------------------------------------ sharding
     def _rank_world(self) -> tuple[int, int]:
         if self._world_size is not None:
-            rank, world = self._rank, self._world_size
+            rank = self._rank
+            world = self._world_size
             if not isinstance(world, int) or world < 1 or not isinstance(rank, int) or not 0 <= rank < world:
                 raise SpeedupConfigError(
                     f"`rank`={rank!r}, `world_size`={world!r} are invalid. Allowed values: integers with"

@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 
-
 def _int_list(value: Any) -> bool:
     """A list of Python ints: token ids as a Hugging Face tokenizer returns them (``tokenizer(text)["input_ids"]``)."""
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
@@ -176,8 +175,9 @@ def pad_collate(
         >>> batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["label"].tolist()
         ([[5, 6, 0, 0], [7, 0, 0, 0]], [[1, 1, 0, 0], [1, 0, 0, 0]], [1, 0])
     """
-    return PadCollate(pad_value=pad_value, multiple_of=multiple_of, label_pad_value=label_pad_value,
-                      tuple_mask=tuple_mask)
+    return PadCollate(
+        pad_value=pad_value, multiple_of=multiple_of, label_pad_value=label_pad_value, tuple_mask=tuple_mask
+    )
 
 
 def pack_sequences(
@@ -336,7 +336,8 @@ def sequence_lengths(dataset: Any, lengths: Sequence[int] | None = None) -> Sequ
         ) from err
     source = "argument"
     if lengths is None and getattr(dataset, "lengths", None) is not None:
-        lengths, source = dataset.lengths, "dataset.lengths"
+        lengths = dataset.lengths
+        source = "dataset.lengths"
     if lengths is not None:
         values = check_lengths(lengths).tolist()
         if len(values) != size:

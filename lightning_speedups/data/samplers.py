@@ -135,7 +135,9 @@ class LengthGroupedSampler(SequenceBatchSampler):
             samples = self._group_samples(g, world)
             groups = math.ceil(min(len(self.lengths), SIMULATED_SAMPLES) / samples)
             epochs = 1 if groups == 1 else max(2, math.ceil(POOLED_GROUPS / groups))  # one group: only ties vary
-            worst, scale, wastes = 0.0, 0.0, []
+            worst = 0.0
+            scale = 0.0
+            wastes = []
             for epoch in range(epochs):
                 tokens, wasted, full_groups = self._waste(self._grouped(perm(epoch), g, world), samples)
                 if tokens + wasted:
@@ -146,13 +148,16 @@ class LengthGroupedSampler(SequenceBatchSampler):
             error = float(pooled.std()) * math.sqrt(groups) * scale if len(pooled) > 1 else 0.0
             return worst + PAD_SIGMAS * error <= self.max_pad_fraction
 
-        low, high = 0, 1  # low: a size known not to fit (0: none yet), high: the one to try
+        # low: a size known not to fit (0: none yet), high: the one to try
+        low = 0
+        high = 1
         while not fits(high):
             if high >= whole:
                 if whole >= POOLED_GROUPS:  # a few batches (a test, a toy set): too few to group, nothing to say
                     self._warn_unreachable(perm(0), whole, world)
                 return whole
-            low, high = high, min(2 * high, whole)
+            low = high
+            high = min(2 * high, whole)
         while high - low > max(1, high // 8):  # bisect to within an eighth: the most random group that still fits
             mid = (low + high) // 2
             low, high = (low, mid) if fits(mid) else (mid, high)
@@ -334,9 +339,11 @@ class PackedBatchSampler(SequenceBatchSampler):
         order = self._order_by_length(generator).tolist()
         sizes = {i: int(n) for i, n in zip(order, self.lengths[order].tolist())}
         batches: list[list[int]] = []
-        lo, hi = 0, len(order) - 1
+        lo = 0
+        hi = len(order) - 1
         while lo <= hi:  # the longest document left, then the shortest ones while they fit
-            current, used = [order[hi]], sizes[order[hi]]
+            current = [order[hi]]
+            used = sizes[order[hi]]
             hi -= 1
             while lo <= hi and used + sizes[order[lo]] <= budget:
                 current.append(order[lo])

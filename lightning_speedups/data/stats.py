@@ -129,14 +129,17 @@ def compute_mean_std(
         mean_b = x.mean(dim=1)
         m2_b = (x - mean_b[:, None]).square().sum(dim=1)
         if mean is None or m2 is None:
-            mean, m2, count = mean_b, m2_b, n_b
+            mean = mean_b
+            m2 = m2_b
+            count = n_b
             continue
         if mean.shape[0] != c:
             raise SpeedupConfigError(
                 f"compute_mean_std found batches with {mean.shape[0]} and {c} channels. Allowed values: batches with "
                 "one channel count."
             )
-        mean_b, m2_b = mean_b.to(mean.device), m2_b.to(mean.device)
+        mean_b = mean_b.to(mean.device)
+        m2_b = m2_b.to(mean.device)
         delta = mean_b - mean
         total = count + n_b
         mean = mean + delta * (n_b / total)

@@ -42,7 +42,8 @@ def load_digits_tensors(
     images, labels = _digits_uint8()
     if classes is not None:
         keep = torch.isin(labels, torch.tensor(list(classes)))
-        images, labels = images[keep], labels[keep]
+        images = images[keep]
+        labels = labels[keep]
         remap = {c: i for i, c in enumerate(classes)}
         labels = torch.tensor([remap[int(y)] for y in labels], dtype=torch.long)
     if size != 8:
@@ -57,7 +58,9 @@ class _TransformDataset(Dataset):
     """Per-sample transforms over uint8 image tensors: the plain data path most Lightning users write."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: v2.Transform) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
+        self.images = images
+        self.labels = labels
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -119,10 +122,14 @@ class DigitsDataModule(L.LightningDataModule):
                 )
         self.save_hyperparameters()
         self.batch_size = batch_size
-        self.size, self.channels, self.augment = size, channels, augment
+        self.size = size
+        self.channels = channels
+        self.augment = augment
         self.classes = list(classes) if classes is not None else None
         self.num_classes = len(self.classes) if self.classes is not None else 10
-        self.val_fraction, self.num_workers, self.seed = val_fraction, num_workers, seed
+        self.val_fraction = val_fraction
+        self.num_workers = num_workers
+        self.seed = seed
 
     def transforms(self, train: bool) -> v2.Transform:
         """The per-sample transform pipeline (uint8 CHW tensor in, normalised float tensor out)."""
@@ -138,8 +145,10 @@ class DigitsDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         images, labels = load_digits_tensors(self.size, self.channels, self.classes)
         train_idx, val_idx = _split(len(labels), self.val_fraction, self.seed)
-        self.train_images, self.train_labels = images[train_idx], labels[train_idx]
-        self.val_images, self.val_labels = images[val_idx], labels[val_idx]
+        self.train_images = images[train_idx]
+        self.train_labels = labels[train_idx]
+        self.val_images = images[val_idx]
+        self.val_labels = labels[val_idx]
         self.train_set = _TransformDataset(self.train_images, self.train_labels, self.transforms(train=True))
         self.val_set = _TransformDataset(self.val_images, self.val_labels, self.transforms(train=False))
 
@@ -171,7 +180,8 @@ def _draw_shapes(n: int, size: int, seed: int, noise: float) -> tuple[torch.Tens
     cx = (torch.rand(n, 1, 1, generator=g) - 0.5) * 0.6
     cy = (torch.rand(n, 1, 1, generator=g) - 0.5) * 0.6
     r = 0.35 + 0.3 * torch.rand(n, 1, 1, generator=g)
-    x, y = (xx - cx) / r, (yy - cy) / r
+    x = (xx - cx) / r
+    y = (yy - cy) / r
     d = torch.sqrt(x**2 + y**2)
     masks = torch.stack(
         [
@@ -212,7 +222,8 @@ class ShapesDataset(TensorDataset):
         check_int("n", n, 1)
         images, labels = _draw_shapes(n, size, seed, noise)
         super().__init__(images, labels)
-        self.images, self.labels = images, labels
+        self.images = images
+        self.labels = labels
 
 
 class ShapesDataModule(L.LightningDataModule):
@@ -235,8 +246,12 @@ class ShapesDataModule(L.LightningDataModule):
         check_int("batch_size", batch_size, 1)
         check_range("noise", noise, 0.0, None, hint="the pixel noise's standard deviation on the 0-1 scale, e.g. 0.08")
         self.save_hyperparameters()
-        self.batch_size, self.num_workers = batch_size, num_workers
-        self.n_train, self.n_val, self.seed, self.noise = n_train, n_val, seed, float(noise)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.n_train = n_train
+        self.n_val = n_val
+        self.seed = seed
+        self.noise = float(noise)
         self.num_classes = 10
 
     def transforms(self, train: bool) -> v2.Transform:
@@ -251,8 +266,10 @@ class ShapesDataModule(L.LightningDataModule):
         self._drawn = drawn
         train = ShapesDataset(self.n_train, seed=self.seed, noise=self.noise)
         val = ShapesDataset(self.n_val, seed=self.seed + 1, noise=self.noise)
-        self.train_images, self.train_labels = train.images, train.labels
-        self.val_images, self.val_labels = val.images, val.labels
+        self.train_images = train.images
+        self.train_labels = train.labels
+        self.val_images = val.images
+        self.val_labels = val.labels
         self.train_set = _TransformDataset(train.images, train.labels, self.transforms(True))
         self.val_set = _TransformDataset(val.images, val.labels, self.transforms(False))
 

@@ -34,7 +34,7 @@ def stdlib_snippets(max_len: int = 512, packages: tuple[str, ...] = PACKAGES) ->
     out: list[tuple[bytes, int]] = []
     for label, package in enumerate(packages):
         for path in sorted((root / package).rglob("*.py")):
-            if "test" in path.parts[len(root.parts):]:
+            if "test" in path.parts[len(root.parts) :]:
                 continue
             try:
                 source = path.read_text(encoding="utf-8")
@@ -112,8 +112,9 @@ class StdlibCodeDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_set is not None
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
-                          collate_fn=pad_to_longest_in_dataset(self.max_len))
+        return DataLoader(
+            self.train_set, batch_size=self.batch_size, shuffle=True, collate_fn=pad_to_longest_in_dataset(self.max_len)
+        )
 
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None
@@ -127,8 +128,15 @@ class TextClassifier(L.LightningModule):
     ``attention_mask`` and ``label`` (what :func:`~lightning_speedups.pad_collate` builds).
     """
 
-    def __init__(self, num_classes: int = len(PACKAGES), d_model: int = 64, layers: int = 2, heads: int = 4,
-                 max_len: int = 512, lr: float = 1e-3) -> None:
+    def __init__(
+        self,
+        num_classes: int = len(PACKAGES),
+        d_model: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        max_len: int = 512,
+        lr: float = 1e-3,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.embed = nn.Embedding(257, d_model, padding_idx=PAD)

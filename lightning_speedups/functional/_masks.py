@@ -205,7 +205,8 @@ def _fold_weight_norm(g: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> t
     def norm(t: torch.Tensor) -> torch.Tensor:
         return t.pow(2).sum(dim=dims, keepdim=True).sqrt() if dims else t.abs()
 
-    nv, nvm = norm(v), norm(vm)
+    nv = norm(v)
+    nvm = norm(vm)
     dead = nvm == 0
     g_new = torch.where(dead, torch.zeros_like(gb), gb * nvm / nv.clamp_min(torch.finfo(nv.dtype).tiny))
     return g_new.reshape(g.shape), torch.where(dead, v, vm)
@@ -248,7 +249,9 @@ def _clean_parametrized(out: dict[str, Any], key: str, dropped: list[str]) -> No
     found = _MASK_KEY.match(key)
     if found is None:
         return
-    base, name, index = found["base"], found["name"], found["index"]
+    base = found["base"]
+    name = found["name"]
+    index = found["index"]
     prefix = f"{base}parametrizations.{name}."
     if prefix + "original" in out:  # the mask is the only parametrization: `weight` = original * mask
         out[base + name] = out.pop(prefix + "original") * out.pop(key)
@@ -258,7 +261,8 @@ def _clean_parametrized(out: dict[str, Any], key: str, dropped: list[str]) -> No
     elif prefix + "original0" in out and prefix + "original1" in out and prefix + "original2" not in out:
         # stacked on a weight norm: fold the mask into (g, v), the weight norm stays
         g, v = _fold_weight_norm(out[prefix + "original0"], out[prefix + "original1"], out.pop(key))
-        out[prefix + "original0"], out[prefix + "original1"] = g, v
+        out[prefix + "original0"] = g
+        out[prefix + "original1"] = v
         dropped.append(prefix + index)
 
 

@@ -88,7 +88,8 @@ def sparsity_report(model: nn.Module) -> SparsityReport:
         tensor = param.detach()
         parametrized = _PARAMETRIZED.match(name)
         if parametrized:  # a parametrized tensor (mask, weight norm, both): count what forward sees, once
-            mod_name, attr = parametrized.group(1) or "", parametrized.group(2)
+            mod_name = parametrized.group(1) or ""
+            attr = parametrized.group(2)
             name = f"{mod_name}.{attr}" if mod_name else attr
             if name in layers:  # weight norm's second stored tensor (original1) of a tensor already counted
                 continue
@@ -97,7 +98,8 @@ def sparsity_report(model: nn.Module) -> SparsityReport:
             mod_name, _, attr = name[: -len("_orig")].rpartition(".")
             mask = getattr(model.get_submodule(mod_name), attr + "_mask", None)
             if mask is not None:
-                tensor, name = tensor * mask, name[: -len("_orig")]
+                tensor = tensor * mask
+                name = name[: -len("_orig")]
         layers[name] = (tensor.numel(), int((tensor == 0).sum()))
     return SparsityReport(sum(n for n, _ in layers.values()), sum(z for _, z in layers.values()), layers)
 
@@ -197,8 +199,11 @@ def all_trainable(model: nn.Module) -> Iterator[None]:
 def _layers_run(model: nn.Module, example_inputs: Any, training: bool) -> list[nn.Module] | None:
     """Conv/linear layers one forward runs, in order (``None`` when the forward fails in that mode)."""
     order: list[nn.Module] = []
-    handles = [m.register_forward_hook(lambda mod, _i, _o: order.append(mod)) for m in model.modules()
-               if isinstance(m, PRUNABLE)]  # fmt: skip
+    handles = [
+        m.register_forward_hook(lambda mod, _i, _o: order.append(mod))
+        for m in model.modules()
+        if isinstance(m, PRUNABLE)
+    ]
     try:
         with torch.no_grad(), train_mode(model) if training else eval_mode(model):
             forward(model, example_inputs)
@@ -212,7 +217,8 @@ def _layers_run(model: nn.Module, example_inputs: Any, training: bool) -> list[n
 
 def training_only_layers(model: nn.Module, example_inputs: Any) -> list[nn.Module]:
     """Conv/linear layers that run in train mode but not in eval mode (aux heads): tracing must see them too."""
-    trained, evaluated = _layers_run(model, example_inputs, True), _layers_run(model, example_inputs, False)
+    trained = _layers_run(model, example_inputs, True)
+    evaluated = _layers_run(model, example_inputs, False)
     if trained is None or evaluated is None:
         return []
     seen = {id(m) for m in evaluated}
@@ -266,8 +272,15 @@ def _layers_behind(
                 break  # the nearest layers (the head); deeper ones reach the output only through it or a residual
             visited.update(level)
             # stop at the first layer on each path: what is behind it keeps its width freely
-            level = list({nxt: None for fn in level if fn not in producers for nxt, _ in fn.next_functions
-                          if nxt is not None and nxt not in visited})  # fmt: skip
+            level = list(
+                {
+                    nxt: None
+                    for fn in level
+                    if fn not in producers
+                    for nxt, _ in fn.next_functions
+                    if nxt is not None and nxt not in visited
+                }
+            )
     return list(found.values())
 
 

@@ -104,7 +104,8 @@ def safe_attention_roots(
     ignored_ids = {id(m) for layer in ignored for m in layer.modules()}
     dg = tp.DependencyGraph().build_dependency(model, example_inputs=example_inputs, **(trace or {}))
     names = {m: n for n, m in model.named_modules()}
-    roots, skipped = [], []
+    roots = []
+    skipped = []
     for module in model.modules():
         if not isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or id(module) in ignored_ids:
             continue
@@ -160,7 +161,8 @@ def _frame_modules(frame: Any, names: dict[int, str]) -> list[nn.Module]:
 def _as_modules(value: Any, names: dict[int, str]) -> list[nn.Module]:
     """The model's modules behind a torch-pruning object: a layer, a ``Dependency`` (its target) or a ``Node``."""
     found: list[nn.Module] = []
-    stack, seen = [value], set()
+    stack = [value]
+    seen = set()
     while stack:
         item = stack.pop()
         if item is None or id(item) in seen:
@@ -169,7 +171,8 @@ def _as_modules(value: Any, names: dict[int, str]) -> list[nn.Module]:
         if isinstance(item, nn.Module):
             found += [item] if id(item) in names else []
             continue
-        target, module = getattr(item, "target", None), getattr(item, "module", None)
+        target = getattr(item, "target", None)
+        module = getattr(item, "module", None)
         if target is not None:
             stack.append(target)
         elif isinstance(module, nn.Module) and id(module) in names:

@@ -16,10 +16,25 @@ __all__ = ["RECORD_KEY", "apply_pruned_structure", "load_pruned", "pruned_struct
 RECORD_KEY = "pruning"
 # integer attributes torch-pruning rewrites when it shrinks a layer; recorded so a fresh model can be resized
 _SHAPE_ATTRS = (
-    "in_channels", "out_channels", "groups", "in_features", "out_features", "num_features", "num_channels",
-    "num_groups", "normalized_shape", "embed_dim", "kdim", "vdim", "num_heads", "head_dim", "hidden_size",
-    "input_size", "proj_size", "embedding_dim",
-)  # fmt: skip
+    "in_channels",
+    "out_channels",
+    "groups",
+    "in_features",
+    "out_features",
+    "num_features",
+    "num_channels",
+    "num_groups",
+    "normalized_shape",
+    "embed_dim",
+    "kdim",
+    "vdim",
+    "num_heads",
+    "head_dim",
+    "hidden_size",
+    "input_size",
+    "proj_size",
+    "embedding_dim",
+)
 
 
 def pruned_structure_record(model: nn.Module) -> dict[str, Any]:

@@ -66,7 +66,10 @@ class FastScheduleFactor:
     """
 
     def __init__(self, total: int, warmup: int, decay: str = "linear", final_ratio: float = 0.0) -> None:
-        self.total, self.warmup, self.decay, self.final_ratio = total, warmup, decay, final_ratio
+        self.total = total
+        self.warmup = warmup
+        self.decay = decay
+        self.final_ratio = final_ratio
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:

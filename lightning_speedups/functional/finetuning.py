@@ -66,7 +66,8 @@ def _has_initial_stats(module: nn.Module) -> bool:
     Such a layer has no statistics to keep: held in eval mode it does not normalise at all, and a backbone that relies
     on it (Inception v3's large truncated-normal init) overflows.
     """
-    mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+    mean = getattr(module, "running_mean", None)
+    var = getattr(module, "running_var", None)
     if not _is_norm_with_stats(module) or not isinstance(mean, torch.Tensor) or not isinstance(var, torch.Tensor):
         return False
     if mean.is_meta or var.is_meta:
@@ -186,11 +187,13 @@ def replace_head(model: nn.Module, num_classes: int, head: str | None = None) ->
     new: nn.Module
     if isinstance(old, nn.Linear):
         new = nn.Linear(old.in_features, num_classes, bias=old.bias is not None, device=p.device, dtype=p.dtype)
-        fan_in, old_out = old.in_features, old.out_features
+        fan_in = old.in_features
+        old_out = old.out_features
     else:
         assert isinstance(old, nn.Conv2d)
         new = nn.Conv2d(old.in_channels, num_classes, 1, bias=old.bias is not None, device=p.device, dtype=p.dtype)
-        fan_in, old_out = old.in_channels, old.out_channels
+        fan_in = old.in_channels
+        old_out = old.out_channels
     parent_name, _, attr = full.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     new.train(old.training)

@@ -179,8 +179,11 @@ def _torchao_dynamic(
 ):
     tq = require("torchao.quantization", "quantization", "torchao int8 inference")
     layers = called_linears(model, example)
-    tq.quantize_(model, tq.Int8DynamicActivationInt8WeightConfig(),
-                 filter_fn=lambda module, name: isinstance(module, nn.Linear) and name in layers)  # fmt: skip
+    tq.quantize_(
+        model,
+        tq.Int8DynamicActivationInt8WeightConfig(),
+        filter_fn=lambda module, name: isinstance(module, nn.Linear) and name in layers,
+    )
     return model
 
 

@@ -117,7 +117,8 @@ class _CachedImportance:
     """Remembers each group's scores in the dry run and replays them in the real pass (scoring is the slow part)."""
 
     def __init__(self, importance: Any) -> None:
-        self.importance, self.replay = importance, False
+        self.importance = importance
+        self.replay = False
         self.scores: dict[tuple[int, str], torch.Tensor | None] = {}
 
     def __call__(self, group: Any) -> torch.Tensor | None:
@@ -220,11 +221,7 @@ def prune_structured(
     tp = require("torch_pruning", "pruning", "Structured pruning")
     if ignored_layers is None:
         ignored_layers = default_ignored_layers(model, example_inputs)
-    ignored = resolve_layers(model, ignored_layers)
-    # recurrent layers keep their widths (torch-pruning slices an LSTM's gates wrongly and knows no GRU): hold them
-    # and the layers that feed them
-    recurrent = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
-    ignored += [*recurrent, *feeding_layers(model, example_inputs, recurrent)]
+    ignored = _held_layers(model, example_inputs, ignored_layers)
     shapes_before = shapes_by_mode(model, example_inputs)
     # aux heads run only in training: trace the way training runs, or their input channels are left unpruned
     trace = {"forward_fn": tracer(bool(training_only_layers(model, example_inputs))), "output_transform": flat_tensors}
@@ -236,26 +233,27 @@ def prune_structured(
     with torch.enable_grad(), eval_mode(model), all_trainable(model):
         try:
             with tp_index_budget(max_graph_indices), tp_group_loop_guard():
-                _prune(tp, model, example_inputs, summary, importance, list(ignored_layers), ignored,
-                       global_pruning, round_to, reference_channels, trace)  # fmt: skip
+                _prune(
+                    tp,
+                    model,
+                    example_inputs,
+                    summary,
+                    importance,
+                    list(ignored_layers),
+                    ignored,
+                    global_pruning,
+                    round_to,
+                    reference_channels,
+                    trace,
+                )
             retie(model, tied)
             check_still_runs(model, example_inputs, shapes_before)
         except GraphBudgetExceeded as err:
             snapshot.restore()
-            raise SpeedupConfigError(
-                f"`max_graph_indices`={max_graph_indices:,} was exceeded: torch-pruning's dependency analysis of "
-                f"{type(model).__name__} made {err}. The model is unchanged. Allowed values: a larger bound if the "
-                "machine has the memory (about 64 bytes each). HINT: add the blocks that reshape channels into "
-                "windows or heads to `ignored_layers`, or use mode='unstructured'."
-            ) from None
+            raise _budget_error(model, max_graph_indices, err) from None
         except GraphLoop as err:
             snapshot.restore()
-            raise SpeedupConfigError(
-                f"structured pruning cannot analyse {type(model).__name__}: torch-pruning's dependency analysis went "
-                f"round {err}. The model is unchanged. Allowed values: a model whose channel dependencies "
-                "torch-pruning can follow. HINT: add the blocks that split and re-join channels (rotary embeddings, "
-                "attention) to `ignored_layers`, or use mode='unstructured'."
-            ) from None
+            raise _loop_error(model, err) from None
         except Exception as err:
             snapshot.restore()
             if isinstance(err, SpeedupConfigError) or not raised_in_torch_pruning(err):
@@ -274,6 +272,35 @@ def prune_structured(
     summary.sparsity = 1.0 - summary.params_after / max(params_before, 1)
     summary.macs_after = count_macs(model, example_inputs)
     return summary
+
+
+def _held_layers(model: nn.Module, example_inputs: Any, ignored_layers: Sequence[str]) -> list[nn.Module]:
+    """The modules whose outputs keep all their channels: ``ignored_layers``, recurrent layers and what feeds them."""
+    ignored = resolve_layers(model, ignored_layers)
+    # recurrent layers keep their widths (torch-pruning slices an LSTM's gates wrongly and knows no GRU): hold them
+    # and the layers that feed them
+    recurrent = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+    return ignored + [*recurrent, *feeding_layers(model, example_inputs, recurrent)]
+
+
+def _budget_error(model: nn.Module, max_graph_indices: int, err: GraphBudgetExceeded) -> SpeedupConfigError:
+    """The refusal of a model whose dependency analysis made more than ``max_graph_indices`` index records."""
+    return SpeedupConfigError(
+        f"`max_graph_indices`={max_graph_indices:,} was exceeded: torch-pruning's dependency analysis of "
+        f"{type(model).__name__} made {err}. The model is unchanged. Allowed values: a larger bound if the "
+        "machine has the memory (about 64 bytes each). HINT: add the blocks that reshape channels into "
+        "windows or heads to `ignored_layers`, or use mode='unstructured'."
+    )
+
+
+def _loop_error(model: nn.Module, err: GraphLoop) -> SpeedupConfigError:
+    """The refusal of a model on which torch-pruning's dependency analysis went round in a loop."""
+    return SpeedupConfigError(
+        f"structured pruning cannot analyse {type(model).__name__}: torch-pruning's dependency analysis went "
+        f"round {err}. The model is unchanged. Allowed values: a model whose channel dependencies "
+        "torch-pruning can follow. HINT: add the blocks that split and re-join channels (rotary embeddings, "
+        "attention) to `ignored_layers`, or use mode='unstructured'."
+    )
 
 
 def _prune(

@@ -44,7 +44,7 @@ from lightning_speedups.functional.qat import (
     qat_record,
     remove_fake_quantization,
 )
-from lightning_speedups.measure import compare
+from lightning_speedups.measure import Comparison, compare
 
 __all__ = [
     "ACTIVATION_DTYPES",
@@ -245,7 +245,8 @@ def _rel_error(qmodel: nn.Module, reference: nn.Module, batches: Sequence[tuple[
     rel = absolute = 0.0
     with torch.no_grad():
         for batch in batches:
-            ref, out = _comparable(reference(*batch)), _comparable(qmodel(*batch))
+            ref = _comparable(reference(*batch))
+            out = _comparable(qmodel(*batch))
             if ref is None or out is None or out.shape != ref.shape:
                 got = "nothing comparable" if out is None else f"shape {tuple(out.shape)}"
                 raise ValueError(f"int8 output ({got}) does not match the float output's structure")
@@ -280,9 +281,13 @@ def _try_candidates(
             candidates[name] = {"status": "failed", "error": f"{type(err).__name__}: {err}"[:300]}
             continue
         ok = max(held_rel, calib_rel) <= max_rel_error  # held out: no overfit calibration; seen: no lucky split
-        candidates[name] = {"status": "ok" if ok else "too_inaccurate", "heldout_rel_error": held_rel,
-                            "calibration_rel_error": calib_rel, "max_abs_diff": held_abs,
-                            "quantized_layers": layers}  # fmt: skip
+        candidates[name] = {
+            "status": "ok" if ok else "too_inaccurate",
+            "heldout_rel_error": held_rel,
+            "calibration_rel_error": calib_rel,
+            "max_abs_diff": held_abs,
+            "quantized_layers": layers,
+        }
         if ok:
             built[name] = qmodel
     return candidates, built
@@ -347,7 +352,8 @@ def quantize_for_inference(
     example = _as_tuple(example_inputs)
     calibration = None if calibration_data is None else [_as_tuple(b) for b in calibration_data]
     if validation_data is not None:
-        calib, heldout = calibration or [example], [_as_tuple(b) for b in validation_data]
+        calib = calibration or [example]
+        heldout = [_as_tuple(b) for b in validation_data]
     else:
         calib, heldout = split_calibration(example, calibration)
     reference = _float_copy(model)
@@ -358,25 +364,14 @@ def quantize_for_inference(
     size_before = model_size_bytes(reference)
     if not built:
         return _float_result(reference, size_before, candidates, _why_none(model, reference, candidates))
-
-    def runner(m: nn.Module) -> Callable[[], Any]:
-        def fn() -> Any:
-            with torch.no_grad():
-                return m(*example)
-
-        return fn
-
-    # most accurate first: among candidates within noise of the fastest, the smaller error (the worse of the two) wins
-    worst = {n: max(candidates[n]["heldout_rel_error"], candidates[n]["calibration_rel_error"]) for n in built}
-    prefer = sorted(built, key=worst.__getitem__)
-    decision = compare({"fp32": runner(reference), **{n: runner(m) for n, m in built.items()}}, "fp32",
-                       min_gain=min_speedup - 1.0, budget_s=budget_s, min_rounds=max(2, repeats), warmup=2,
-                       prefer=prefer)  # fmt: skip
-    for name in built:
-        lo, mid, hi = decision.ratios[name]
-        candidates[name].update(latency_s=decision.medians[name], speedup=mid, speedup_interval=(lo, hi))
-    evidence = {"trials": decision.trials, "separated": decision.separated, "note": decision.note,
-                "medians_s": decision.medians, "spread_s": decision.spread}  # fmt: skip
+    decision = _race(reference, built, candidates, example, min_speedup=min_speedup, budget_s=budget_s, repeats=repeats)
+    evidence = {
+        "trials": decision.trials,
+        "separated": decision.separated,
+        "note": decision.note,
+        "medians_s": decision.medians,
+        "spread_s": decision.spread,
+    }
     if decision.winner == "fp32":
         why = decision.note or "no candidate faster than the float model beyond noise"
         return _float_result(reference, size_before, candidates, why, decision.medians["fp32"], evidence)
@@ -397,6 +392,44 @@ def quantize_for_inference(
         decision=evidence,
         quantized_layers=candidates[best]["quantized_layers"],
     )
+
+
+def _race(
+    reference: nn.Module,
+    built: dict[str, nn.Module],
+    candidates: dict[str, dict[str, Any]],
+    example: tuple[Any, ...],
+    *,
+    min_speedup: float,
+    budget_s: float,
+    repeats: int,
+) -> Comparison:
+    """Time the built int8 models against the float ``reference`` on ``example``, interleaved, and write each one's
+    latency and speedup into its ``candidates`` record."""
+
+    def runner(m: nn.Module) -> Callable[[], Any]:
+        def fn() -> Any:
+            with torch.no_grad():
+                return m(*example)
+
+        return fn
+
+    # most accurate first: among candidates within noise of the fastest, the smaller error (the worse of the two) wins
+    worst = {n: max(candidates[n]["heldout_rel_error"], candidates[n]["calibration_rel_error"]) for n in built}
+    prefer = sorted(built, key=worst.__getitem__)
+    decision = compare(
+        {"fp32": runner(reference), **{n: runner(m) for n, m in built.items()}},
+        "fp32",
+        min_gain=min_speedup - 1.0,
+        budget_s=budget_s,
+        min_rounds=max(2, repeats),
+        warmup=2,
+        prefer=prefer,
+    )
+    for name in built:
+        lo, mid, hi = decision.ratios[name]
+        candidates[name].update(latency_s=decision.medians[name], speedup=mid, speedup_interval=(lo, hi))
+    return decision
 
 
 def _why_none(model: nn.Module, reference: nn.Module, candidates: dict[str, dict[str, Any]]) -> str:
@@ -422,8 +455,9 @@ def _float_result(
     evidence: dict[str, Any] | None = None,
 ) -> tuple[nn.Module, QuantizationReport]:
     warnings.warn(f"quantize_for_inference: returning the float model ({why}; tried {candidates}).", stacklevel=3)
-    report = QuantizationReport("none", size, size, latency, latency, 0.0, _float_layers(reference), candidates,
-                                decision=evidence or {})  # fmt: skip
+    report = QuantizationReport(
+        "none", size, size, latency, latency, 0.0, _float_layers(reference), candidates, decision=evidence or {}
+    )
     return reference, report
 
 

@@ -55,12 +55,14 @@ class PlanCache:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError) as err:
-            warnings.warn(f"autotune: ignoring the unreadable plan cache {self.path} ({err}); re-measuring.",
-                          stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"autotune: ignoring the unreadable plan cache {self.path} ({err}); re-measuring.", stacklevel=3
+            )
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
-            warnings.warn(f"autotune: ignoring the plan cache {self.path} (unknown format); re-measuring.",
-                          stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"autotune: ignoring the plan cache {self.path} (unknown format); re-measuring.", stacklevel=3
+            )
             return {}
         if data.get("torch") != str(torch.__version__):
             warnings.warn(

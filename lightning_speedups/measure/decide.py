@@ -37,7 +37,9 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     n = len(xs)
     if n == 0:
         return (math.nan, math.nan)
-    alpha, k, tail = (1.0 - confidence) / 2.0, 0, 0.0
+    alpha = (1.0 - confidence) / 2.0
+    k = 0
+    tail = 0.0
     while k < n // 2:  # largest k with P(Binomial(n, 1/2) <= k - 1) <= alpha
         p = math.comb(n, k) / 2.0**n
         if tail + p > alpha:
@@ -175,7 +177,8 @@ def look_rounds(min_rounds: int, max_rounds: int) -> list[int]:
     """The round counts at which :func:`compare` looks at its rounds: ``min_rounds``, then each 1.5x the last (at
     least one more), up to ``max_rounds``. Looking after every round would let noise "separate" equal candidates far
     more often than the confidence says; callers that time their own rounds look at these counts too."""
-    looks, n = [], min_rounds
+    looks = []
+    n = min_rounds
     while n < max_rounds:
         looks.append(n)
         n = max(n + 1, math.ceil(n * 1.5))

@@ -127,8 +127,11 @@ def make_train_step(
 
     def backward() -> None:
         optimizer.zero_grad(set_to_none=True)
-        cast = (torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None
-                else contextlib.nullcontext())  # fmt: skip
+        cast = (
+            torch.autocast(device_type, dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
         with cast:
             out = compute(model, x)
         (out if scaler is None else scaler.scale(out)).backward()

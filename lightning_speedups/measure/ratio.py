@@ -36,7 +36,8 @@ class MeasuredRatio(float):
         obj = super().__new__(cls, value)
         obj.comparison = comparison
         lo, mid, hi = comparison.ratios[name] if comparison is not None else (value, value, value)
-        obj.median, obj.interval = float(mid), (float(lo), float(hi))
+        obj.median = float(mid)
+        obj.interval = (float(lo), float(hi))
         obj.trials = comparison.trials if comparison is not None else 0
         return obj
 

@@ -97,8 +97,11 @@ def interleaved_ratio(
 
     ``median(base) / median(cand)`` over :func:`interleaved_timings` after one warm-up each (> 1: candidate faster).
     """
-    warnings.warn("`interleaved_ratio` is deprecated; use `lightning_speedups.measure.measured_ratio`.",
-                  DeprecationWarning, stacklevel=2)  # fmt: skip
+    warnings.warn(
+        "`interleaved_ratio` is deprecated; use `lightning_speedups.measure.measured_ratio`.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     times = interleaved_timings({"base": base, "cand": cand}, repeats, warmup=1, sync=sync, budget_s=budget_s)
     return speed_ratio(times["base"], times["cand"])
 

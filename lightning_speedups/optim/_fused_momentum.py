@@ -43,7 +43,8 @@ def fill_missing_momentum_buffers(optimizer: torch.optim.Optimizer) -> list[torc
         missing = [p for p in stepping if optimizer.state.get(p, {}).get("momentum_buffer") is None]
         if not missing or len(missing) == len(stepping):
             continue  # none missing, or all missing: torch's own first step creates them
-        momentum, dampening = float(group["momentum"]), float(group.get("dampening", 0.0))
+        momentum = float(group["momentum"])
+        dampening = float(group.get("dampening", 0.0))
         for p in missing:
             grad = p.grad
             assert grad is not None  # for mypy: `stepping` holds parameters with a gradient only

@@ -61,7 +61,8 @@ def _valley(lrs: list[float], losses: list[float]) -> float:
                 start[i] = start[j]
         if length[i] > length[best_end]:
             best_end = i
-    lo, hi = start[best_end], best_end
+    lo = start[best_end]
+    hi = best_end
     return lrs[lo + (hi - lo) * 2 // 3]
 
 
@@ -78,16 +79,19 @@ def _slide(lrs: list[float], losses: list[float], window: int = 15, threshold: f
     h = max(1, n // 20)
     slope = []
     for i in range(n):
-        a, b = max(0, i - h), min(n - 1, i + h)
+        a = max(0, i - h)
+        b = min(n - 1, i + h)
         slope.append((log_loss[b] - log_loss[a]) / ((log_lr[b] - log_lr[a]) or 1e-12))
     window = min(window, max(1, n // 4))
-    right, left = n - 1, n - 1 - window
+    right = n - 1
+    left = n - 1 - window
     chosen = lrs[max(left, 0)]
     # slide left from the divergence until the slopes at both ends of the window agree: its left end is on the
     # straight part of the descent
     while left >= 0 and abs(slope[right] - slope[left]) > threshold:
         chosen = lrs[left]
-        right, left = right - 1, left - 1
+        right = right - 1
+        left = left - 1
     return chosen
 
 
@@ -127,8 +131,10 @@ def range_test_stop(losses: Sequence[float], planned_steps: int, early_stop_thre
         return None
     finite = [float(x) for x in losses[:-1] if math.isfinite(x)]
     if early_stop_threshold is not None and finite and losses and losses[-1] > early_stop_threshold * min(finite):
-        return (f"the loss diverged: {float(losses[-1]):.4g} exceeded `early_stop_threshold`={early_stop_threshold:g}"
-                f" x the best loss {min(finite):.4g}")
+        return (
+            f"the loss diverged: {float(losses[-1]):.4g} exceeded `early_stop_threshold`={early_stop_threshold:g}"
+            f" x the best loss {min(finite):.4g}"
+        )
     return "the fit loop ended before the planned steps (the training data or a Trainer limit ran out)"
 
 
@@ -152,14 +158,29 @@ class LRFinderResult:
     stop_reason: str | None = None
 
     @classmethod
-    def from_curve(cls, lrs: Sequence[float], losses: Sequence[float], rule: str, planned_steps: int | None = None,
-                   stop_reason: str | None = None) -> LRFinderResult:
+    def from_curve(
+        cls,
+        lrs: Sequence[float],
+        losses: Sequence[float],
+        rule: str,
+        planned_steps: int | None = None,
+        stop_reason: str | None = None,
+    ) -> LRFinderResult:
         """Evaluate every rule on the curve and pick ``rule``'s suggestion (``planned_steps``, ``stop_reason``: how
         much of the test ran and why it stopped early, see :func:`range_test_stop`)."""
         suggestions = {name: suggest_from_curve(lrs, losses, name) for name in LR_RULES}
         tried = [float(x) for x in lrs]
-        return cls(tried, [float(x) for x in losses], rule, suggestions[rule], suggestions, planned_steps, len(tried),
-                   (min(tried), max(tried)) if tried else (math.nan, math.nan), stop_reason)  # fmt: skip
+        return cls(
+            tried,
+            [float(x) for x in losses],
+            rule,
+            suggestions[rule],
+            suggestions,
+            planned_steps,
+            len(tried),
+            (min(tried), max(tried)) if tried else (math.nan, math.nan),
+            stop_reason,
+        )
 
     @property
     def stopped_early(self) -> bool:
@@ -169,8 +190,10 @@ class LRFinderResult:
     def coverage_text(self) -> str:
         """One line: the steps run of those planned, the learning rates covered, and why it stopped early."""
         planned = "?" if self.planned_steps is None else str(self.planned_steps)
-        text = (f"the LR range test ran {self.steps_run} of {planned} steps, covering lr {self.lr_covered[0]:.3g} to "
-                f"{self.lr_covered[1]:.3g}")
+        text = (
+            f"the LR range test ran {self.steps_run} of {planned} steps, covering lr {self.lr_covered[0]:.3g} to "
+            f"{self.lr_covered[1]:.3g}"
+        )
         return text + (f": stopped early, {self.stop_reason}" if self.stop_reason else "")
 
     def plot(self, path: str | os.PathLike[str] | None = None, ax: Any = None) -> Figure:

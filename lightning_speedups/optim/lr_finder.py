@@ -26,12 +26,20 @@ _fix_lightning_debias = undo_lr_find_debias
 if TYPE_CHECKING:
     import lightning as L
 
-__all__ = ["LR_RULES", "LRFinderResult", "suggest_lr", "suggest_from_curve", "apply_lr", "check_range_test_args",
-           "result_from_range_test"]
+__all__ = [
+    "LR_RULES",
+    "LRFinderResult",
+    "suggest_lr",
+    "suggest_from_curve",
+    "apply_lr",
+    "check_range_test_args",
+    "result_from_range_test",
+]
 
 
-def result_from_range_test(results: dict[str, list[float]], rule: str, planned_steps: int,
-                           early_stop_threshold: float | None) -> LRFinderResult:
+def result_from_range_test(
+    results: dict[str, list[float]], rule: str, planned_steps: int, early_stop_threshold: float | None
+) -> LRFinderResult:
     """The :class:`LRFinderResult` of Lightning's range test (``_LRFinder.results``: ``lr`` and smoothed ``loss``).
 
     A test that ran fewer than ``planned_steps`` steps (the loss diverged, or the fit loop ended) is reported: the
@@ -42,8 +50,10 @@ def result_from_range_test(results: dict[str, list[float]], rule: str, planned_s
     reason = range_test_stop(losses, planned_steps, early_stop_threshold)
     result = LRFinderResult.from_curve(results["lr"], undo_lr_find_debias(losses), rule, planned_steps, reason)
     if reason is not None:
-        rank_zero_warn(f"LR finder: {result.coverage_text()}; the `{rule}` suggestion {result.lr:.3g} comes from "
-                       "that part of the range only.")
+        rank_zero_warn(
+            f"LR finder: {result.coverage_text()}; the `{rule}` suggestion {result.lr:.3g} comes from "
+            "that part of the range only."
+        )
     return result
 
 

@@ -427,7 +427,8 @@ def _warmup_factor(group: Mapping[str, Any]) -> float:
 
 def _lr_ratio(adjust_lr_fn: str, shape: torch.Size) -> float:
     """The update scale ``torch.optim.Muon`` applies for ``adjust_lr_fn`` (its documented formulas)."""
-    rows, cols = shape[0], shape[1]
+    rows = shape[0]
+    cols = shape[1]
     if adjust_lr_fn == "match_rms_adamw":
         return 0.2 * math.sqrt(max(rows, cols))
     if adjust_lr_fn == "spectral_unclamped":

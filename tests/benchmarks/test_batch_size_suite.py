@@ -51,9 +51,16 @@ def test_a_chosen_size_is_paired_with_the_best_and_rescored():
     row = _paired(get_workload("tabular_mlp"), 2, True, 2, searched)
     assert row["best"] == 32 and list(row["pairs"]) == [16]
     assert len(row["pairs"][16]["ratios"]) == 2 and row["pairs"][16]["score"] > 0
-    rows = [{"task": "t", "split": "dev", "phase": "quiet", "best": 32, "searches": [
-        {"chosen": c, "score": 0.5, "search_s": 1.0} for c in (16, 32, 16)]},
-        {"task": "t", "split": "dev", "phase": "paired", "best": 32, "pairs": {"16": {"score": 0.95}}}]  # read back
+    rows = [
+        {
+            "task": "t",
+            "split": "dev",
+            "phase": "quiet",
+            "best": 32,
+            "searches": [{"chosen": c, "score": 0.5, "search_s": 1.0} for c in (16, 32, 16)],
+        },
+        {"task": "t", "split": "dev", "phase": "paired", "best": 32, "pairs": {"16": {"score": 0.95}}},
+    ]  # read back
     (entry,) = summarize(rows)
     assert entry["quiet"]["hits"] == 0 and entry["quiet"]["paired_scores"] == [0.95, 1.0, 0.95]
     assert entry["quiet"]["paired_hits"] == 3 and "(paired: 3/3, min 0.95)" in format_summary([entry])

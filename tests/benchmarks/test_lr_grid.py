@@ -29,9 +29,10 @@ def test_lr_grid_quick_rows_and_resume(one_thread, tmp_path, monkeypatch: pytest
     assert lr_grid.main(["--quick", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())
     assert [(r["task"], r["method"], r["lr_factor"]) for r in rows] == [
-        (task, m, f) for task in lr_grid.QUICK_TASKS for m, f in [*(("grid", f) for f in lr_grid.GRID),
-                                                                 ("lr_finder", None)]
-    ]  # fmt: skip
+        (task, m, f)
+        for task in lr_grid.QUICK_TASKS
+        for m, f in [*(("grid", f) for f in lr_grid.GRID), ("lr_finder", None)]
+    ]
     for r in rows:
         assert set(lr_grid.ROW_KEYS) <= set(r)
         assert r["seed"] == 0 and r["steps"] == 2 and r["notes"].startswith(lr_grid.SMALL_NOTE)
@@ -72,15 +73,34 @@ def test_lr_grid_skips_a_task_without_lr(tmp_path, monkeypatch: pytest.MonkeyPat
 
 
 def _rows(task: str, metric: str, mode: str, grid: list[float], finder: float | None) -> list[dict[str, Any]]:
-    base = {"task": task, "split": "dev", "kind": "tabular", "metric": metric, "mode": mode, "seed": 0,
-            "task_lr": 1e-3, "notes": "", "machine": {}}  # fmt: skip
+    base = {
+        "task": task,
+        "split": "dev",
+        "kind": "tabular",
+        "metric": metric,
+        "mode": mode,
+        "seed": 0,
+        "task_lr": 1e-3,
+        "notes": "",
+        "machine": {},
+    }
     rows = [
         {**base, "method": "grid", "lr_factor": f, "lr": f * 1e-3, "quality": q} for f, q in zip(lr_grid.GRID, grid)
     ]
     if finder is not None:
-        rows.append({**base, "method": "lr_finder", "lr_factor": None, "lr": 2e-3, "quality": finder,
-                     "finder_steps_run": 60, "finder_planned_steps": 100, "finder_lr_covered": [1e-6, 0.02],
-                     "finder_stop_reason": "the loss diverged"})  # fmt: skip
+        rows.append(
+            {
+                **base,
+                "method": "lr_finder",
+                "lr_factor": None,
+                "lr": 2e-3,
+                "quality": finder,
+                "finder_steps_run": 60,
+                "finder_planned_steps": 100,
+                "finder_lr_covered": [1e-6, 0.02],
+                "finder_stop_reason": "the loss diverged",
+            }
+        )
     return rows
 
 
@@ -97,9 +117,15 @@ def test_lr_grid_summarize_verdicts() -> None:
     ]
     s = {x["task"]: x for x in lr_grid.summarize(rows)}
     assert {t: x["verdict"] for t, x in s.items()} == {
-        "acc_in": "within", "acc_miss": "miss", "acc_better": "within", "loss_in": "within", "loss_miss": "miss",
-        "loss_nan": "miss", "no_finder": "no finder row", "other_metric": "no tolerance for metric 'val_f1'",
-    }  # fmt: skip
+        "acc_in": "within",
+        "acc_miss": "miss",
+        "acc_better": "within",
+        "loss_in": "within",
+        "loss_miss": "miss",
+        "loss_nan": "miss",
+        "no_finder": "no finder row",
+        "other_metric": "no tolerance for metric 'val_f1'",
+    }
     assert (s["acc_in"]["best_factor"], s["acc_in"]["best_lr"]) == (3.0, pytest.approx(3e-3))
     assert s["acc_in"]["gap"] == pytest.approx(0.005) and s["acc_better"]["gap"] == pytest.approx(-0.03)
     assert s["loss_in"]["best_factor"] == 3.0 and s["loss_in"]["gap"] == pytest.approx(0.015)
@@ -114,9 +140,10 @@ def test_lr_grid_reports_how_far_each_seed_moved() -> None:
     # one seed's quality moves by more than the tolerance on several suite tasks: the table says how much, per task
     seeds = [
         [{**r, "seed": seed, "quality": r["quality"] + shift} for r in _rows("t", "val_acc", "max", grid, finder)]
-        for seed, (shift, grid, finder) in enumerate([(0.0, [0.8, 0.85, 0.9, 0.92, 0.5], 0.91),
-                                                      (0.03, [0.8, 0.85, 0.9, 0.92, 0.5], 0.87)])
-    ]  # fmt: skip
+        for seed, (shift, grid, finder) in enumerate(
+            [(0.0, [0.8, 0.85, 0.9, 0.92, 0.5], 0.91), (0.03, [0.8, 0.85, 0.9, 0.92, 0.5], 0.87)]
+        )
+    ]
     (s,) = lr_grid.summarize([r for rows in seeds for r in rows])
     assert s["seeds"] == [0, 1] and s["best_factor"] == 3.0
     assert s["best_range"] == pytest.approx(0.03) and s["finder_range"] == pytest.approx(0.01)

@@ -39,8 +39,10 @@ def test_snippet_task_is_long_tailed_and_balanced(task):
 
 
 def test_paragraph_kind():
-    assert [tasks.paragraph_kind(p) for p in (b"    def f():", b"@cache\ndef g():", b"class A:", b'"""Doc."""',
-                                              b"# note", b"import os")] == [0, 0, 1, 2, 2, 3]  # fmt: skip
+    assert [
+        tasks.paragraph_kind(p)
+        for p in (b"    def f():", b"@cache\ndef g():", b"class A:", b'"""Doc."""', b"# note", b"import os")
+    ] == [0, 0, 1, 2, 2, 3]
 
 
 def test_strategies_cover_each_epoch_once(task):
@@ -116,8 +118,9 @@ def tiny_rows():
 def test_run_tiny_rows(tiny_rows):
     rates = [r for r in tiny_rows if r.metric == "non-pad tokens/s"]
     timed = [r for r in tiny_rows if r.metric == "train seconds"]
-    assert [r.variant for r in rates[:3]] == [f"{n} vs pad-to-max" for n in
-                                              ("dynamic padding", "length-grouped", "token budget")]  # fmt: skip
+    assert [r.variant for r in rates[:3]] == [
+        f"{n} vs pad-to-max" for n in ("dynamic padding", "length-grouped", "token budget")
+    ]
     assert len(timed) == 3 and len(rates) == 5
     assert sum("LM packing" in r.variant for r in rates) == 2
     for row in tiny_rows:

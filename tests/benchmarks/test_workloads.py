@@ -105,7 +105,8 @@ def test_workload_denoising_draws_fresh_noise_per_sample_and_validates_on_one_fi
     model, data = get_workload("denoise_dncnn").build(0, small=True)
     data.setup("fit")
     torch.manual_seed(0)
-    (noisy, clean), (noisy2, clean2) = data.train_set[0], data.train_set[0]
+    noisy, clean = data.train_set[0]
+    noisy2, clean2 = data.train_set[0]
     assert noisy.shape == clean.shape == (3, 32, 32) and 0.0 <= clean.min() and clean.max() <= 1.0
     assert (noisy - clean).std().item() == pytest.approx(0.1, rel=0.15)  # sigma 0.1 of the [0, 1] range
     assert not torch.equal(noisy - clean, noisy2 - clean2)  # a fresh draw on every read
@@ -123,7 +124,8 @@ def test_workload_boxes_follow_the_crop_and_flip_and_score_by_iou() -> None:
     from lightning_speedups.benchmarks.workloads.localization import box_iou_pairs, mask_boxes
 
     masks = torch.zeros(2, 8, 8, dtype=torch.uint8)
-    masks[0, 2:5, 1:7], masks[1, 0, 0] = 1, 3
+    masks[0, 2:5, 1:7] = 1
+    masks[1, 0, 0] = 3
     assert mask_boxes(masks).tolist() == [[1.0, 2.0, 7.0, 5.0], [0.0, 0.0, 1.0, 1.0]]  # x1, y1, x2, y2 pixel edges
     a = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5]])
     b = torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.25, 0.0, 0.75, 0.5]])
@@ -184,9 +186,11 @@ def test_workload_time_to_target_unreached() -> None:
 def test_workload_time_to_target_reached_and_stops() -> None:
     w = replace(get_workload("gpt_stdlib"), target=100.0)  # any loss is below 100 nats/byte
     out = time_to_target(
-        w, trainer_overrides={"max_steps": 6, "val_check_interval": 2, "limit_val_batches": 1}, small=True,
+        w,
+        trainer_overrides={"max_steps": 6, "val_check_interval": 2, "limit_val_batches": 1},
+        small=True,
         stop_at_target=True,
-    )  # fmt: skip
+    )
     assert out["steps_to_target"] == 2 and out["steps"] == 2
     assert out["time_to_target_s"] is not None and 0.0 <= out["time_to_target_s"] <= out["train_s"]
     assert isinstance(Workload, type)
@@ -206,7 +210,8 @@ def test_workload_mlm_masks_like_bert_and_validates_on_fixed_masks() -> None:
     masked = (out[picked] == MASK).float().mean()
     assert 0.75 < masked < 0.85  # 80% [MASK]; the rest a random byte or unchanged
     data = MaskedParagraphs([b"def f(x):\n    return x", b"import os"], fixed_masks_seed=1)
-    first, again = data.collate([data[0], data[1]]), data.collate([data[0], data[1]])
+    first = data.collate([data[0], data[1]])
+    again = data.collate([data[0], data[1]])
     assert all(torch.equal(first[k], again[k]) for k in first)  # validation scores the same positions every time
     assert first["input_ids"].shape == (2, 24) and first["attention_mask"][1].sum() == 11  # padded to the longest
     train = MaskedParagraphs([b"import os"])

@@ -23,13 +23,21 @@ class _FakeTrainer:
 
     def __init__(self, times: dict[tuple[str, int], float | None] | None = None, fail_on: int | None = None) -> None:
         self.calls: list[dict[str, Any]] = []
-        self.times, self.fail_on = times or {}, fail_on
+        self.times = times or {}
+        self.fail_on = fail_on
         self.method = "baseline"
         self.warm_ups: list[str] = []
 
     def __call__(self, workload, seed=0, callbacks=(), trainer_overrides=None, small=False, stop_at_target=False):
-        self.calls.append({"workload": workload, "seed": seed, "callbacks": list(callbacks),
-                           "overrides": dict(trainer_overrides or {}), "small": small})  # fmt: skip
+        self.calls.append(
+            {
+                "workload": workload,
+                "seed": seed,
+                "callbacks": list(callbacks),
+                "overrides": dict(trainer_overrides or {}),
+                "small": small,
+            }
+        )
         if self.fail_on is not None and len(self.calls) == self.fail_on:
             raise KeyboardInterrupt("interrupted")
         t = self.times.get((self.method, seed), 10.0 + seed)
@@ -48,8 +56,13 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> _FakeTrainer:
         autotune_calls.append({"cache_dir": cache_dir, "cached": cached, "no_bf16": no_bf16, "kwargs": kwargs})
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         (Path(cache_dir) / "plan").write_text("{}")
-        plan = TunePlan(settings={}, choices=[], trainer_kwargs={**kwargs, "precision": "32-true"},
-                        notes=["a plan note"], from_cache=cached)  # fmt: skip
+        plan = TunePlan(
+            settings={},
+            choices=[],
+            trainer_kwargs={**kwargs, "precision": "32-true"},
+            notes=["a plan note"],
+            from_cache=cached,
+        )
         return plan
 
     def wrap(method, prepare):  # the method under way, so the fake trainer knows which time to report
@@ -72,9 +85,13 @@ def test_workloads_bench_rows_and_keys(fake: _FakeTrainer, tmp_path) -> None:
     rows = wb.run_suite(["tiny"], seeds=(0, 1), json_path=tmp_path / "w.json", echo=False)
     # fast_train does not apply to a plain LightningModule: no row; the second seed starts one method later
     assert [(r["method"], r["seed"]) for r in rows] == [
-        ("baseline", 0), ("autotune_first", 0), ("autotune_cached", 0),
-        ("autotune_first", 1), ("autotune_cached", 1), ("baseline", 1),
-    ]  # fmt: skip
+        ("baseline", 0),
+        ("autotune_first", 0),
+        ("autotune_cached", 0),
+        ("autotune_first", 1),
+        ("autotune_cached", 1),
+        ("baseline", 1),
+    ]
     for r in rows:
         assert tuple(r) == wb.ROW_KEYS
         assert (r["task"], r["kind"], r["split"], r["metric"], r["steps"]) == ("tiny", "tabular", "dev", "val_acc", 7)
@@ -99,7 +116,8 @@ def test_workloads_bench_writes_each_row_and_resumes(fake: _FakeTrainer, tmp_pat
         wb.run_suite(["tiny"], methods=("baseline",), seeds=(0, 1, 2), json_path=path, echo=False)
     assert [r["seed"] for r in json.loads(path.read_text())] == [0, 1]  # the rows measured before the interrupt
     assert not (tmp_path / "w.json.tmp").exists()
-    fake.fail_on, fake.calls = None, []
+    fake.fail_on = None
+    fake.calls = []
     rows = wb.run_suite(["tiny"], methods=("baseline",), seeds=(0, 1, 2), json_path=path, echo=False)
     assert [c["seed"] for c in fake.calls] == [2]  # only the missing row trained
     fake.warm_ups = []
@@ -146,8 +164,11 @@ def test_workloads_bench_fast_train_where_it_applies(fake: _FakeTrainer, monkeyp
     from lightning_speedups.demo import DemoClassifier
 
     tiny = get_workload("tiny")
-    monkeypatch.setitem(_registry._WORKLOADS, "tiny", replace(tiny, build=lambda seed, small=False: (
-        DemoClassifier(width=4), tiny.build(seed, small)[1])))  # fmt: skip
+    monkeypatch.setitem(
+        _registry._WORKLOADS,
+        "tiny",
+        replace(tiny, build=lambda seed, small=False: (DemoClassifier(width=4), tiny.build(seed, small)[1])),
+    )
 
     def fake_fast_train(model=None, precision="auto", cache_dir=None, **kwargs):
         return Recipe("fast_train", [], {**kwargs, "precision": precision}, notes=["probe"])
@@ -159,19 +180,42 @@ def test_workloads_bench_fast_train_where_it_applies(fake: _FakeTrainer, monkeyp
 
 
 def _rows(times: dict[tuple[str, int], float | None], quality: dict[str, float]) -> list[dict[str, Any]]:
-    return [dict(task="gpt_stdlib", kind="transformer_lm", split="held_out", method=m, seed=s, time_to_target_s=t,
-                 quality=quality[m], metric="val_loss", trial_s=1.0 if m != "baseline" else 0.0,
-                 machine={"cpu": "x"}, steps=5, notes="")
-            for (m, s), t in times.items()]  # fmt: skip
+    return [
+        dict(
+            task="gpt_stdlib",
+            kind="transformer_lm",
+            split="held_out",
+            method=m,
+            seed=s,
+            time_to_target_s=t,
+            quality=quality[m],
+            metric="val_loss",
+            trial_s=1.0 if m != "baseline" else 0.0,
+            machine={"cpu": "x"},
+            steps=5,
+            notes="",
+        )
+        for (m, s), t in times.items()
+    ]
 
 
 def test_workloads_bench_summarize_medians_and_ratios() -> None:
-    times = {("baseline", 0): 10.0, ("baseline", 1): 12.0, ("baseline", 2): 20.0,
-             ("autotune_first", 0): 5.0, ("autotune_first", 1): 6.0, ("autotune_first", 2): None,
-             ("autotune_cached", 0): None, ("autotune_cached", 1): None, ("autotune_cached", 2): 4.0}  # fmt: skip
+    times = {
+        ("baseline", 0): 10.0,
+        ("baseline", 1): 12.0,
+        ("baseline", 2): 20.0,
+        ("autotune_first", 0): 5.0,
+        ("autotune_first", 1): 6.0,
+        ("autotune_first", 2): None,
+        ("autotune_cached", 0): None,
+        ("autotune_cached", 1): None,
+        ("autotune_cached", 2): 4.0,
+    }
     quality = {"baseline": 2.90, "autotune_first": 2.905, "autotune_cached": 2.95}
     summary = {s["method"]: s for s in wb.summarize(_rows(times, quality))}
-    base, first, cached = summary["baseline"], summary["autotune_first"], summary["autotune_cached"]
+    base = summary["baseline"]
+    first = summary["autotune_first"]
+    cached = summary["autotune_cached"]
     assert (base["median_s"], base["min_s"], base["max_s"], base["reached"]) == (12.0, 10.0, 20.0, 3)
     assert base["ratio"] == 1.0
     # a missed run counts as infinitely slow: median of (5, 6, inf) = 6
@@ -188,10 +232,26 @@ def test_workloads_bench_summarize_medians_and_ratios() -> None:
 
 
 def test_workloads_summary_compares_a_one_seed_method_with_that_seed() -> None:
-    runs = [("baseline", 0, 10.0, 0.80), ("baseline", 1, 20.0, 0.90), ("baseline", 2, 30.0, 0.90),
-            ("advisor_top", 0, 10.0, 0.80)]  # fmt: skip
-    rows = [dict(task="t", kind="tabular", split="dev", method=m, seed=s, time_to_target_s=t, quality=q,
-                 metric="val_acc", trial_s=0.0) for m, s, t, q in runs]  # fmt: skip
+    runs = [
+        ("baseline", 0, 10.0, 0.80),
+        ("baseline", 1, 20.0, 0.90),
+        ("baseline", 2, 30.0, 0.90),
+        ("advisor_top", 0, 10.0, 0.80),
+    ]
+    rows = [
+        dict(
+            task="t",
+            kind="tabular",
+            split="dev",
+            method=m,
+            seed=s,
+            time_to_target_s=t,
+            quality=q,
+            metric="val_acc",
+            trial_s=0.0,
+        )
+        for m, s, t, q in runs
+    ]
     base, top = wb.summarize(rows)
     assert base["ratio"] == 1.0 and base["median_s"] == 20.0
     # seed 0 only: against seed 0's baseline (1.00x, same end), not the three seeds' median (2.00x, 0.1 worse)
@@ -220,8 +280,10 @@ def test_workloads_bench_in_the_runner(monkeypatch) -> None:
 def test_workloads_bench_run_gives_bench_rows(fake: _FakeTrainer) -> None:
     fake.times = {("autotune_first", 0): 4.0, ("autotune_cached", 0): 5.0}
     rows = wb.run(quick=False, tasks=["tiny"], seeds=(0,), echo=False)
-    assert [r.variant for r in rows] == ["autotune_first vs plain baseline (tiny, dev)",
-                                         "autotune_cached vs plain baseline (tiny, dev)"]  # fmt: skip
+    assert [r.variant for r in rows] == [
+        "autotune_first vs plain baseline (tiny, dev)",
+        "autotune_cached vs plain baseline (tiny, dev)",
+    ]
     assert rows[1].technique == "workloads" and rows[1].baseline == 10.0 and rows[1].accuracy_candidate == 0.9
     assert rows[1].ratio == pytest.approx(10.0 / rows[1].candidate)
 
@@ -249,8 +311,10 @@ def test_workloads_bench_gain_checks_per_sample_against_the_same_seed() -> None:
         {**base, "method": "autotune_cached", "train_s": None, "predicted_gain": 1.1},  # an older row
     ]
     checks = gain_checks(rows)
-    assert [(c["method"], c["seed"], c["within"]) for c in checks] == [("autotune_first", 0, True),
-                                                                         ("autotune_cached", 1, False)]  # fmt: skip
+    assert [(c["method"], c["seed"], c["within"]) for c in checks] == [
+        ("autotune_first", 0, True),
+        ("autotune_cached", 1, False),
+    ]
     assert checks[0]["fit_gain"] == pytest.approx(1.25) and checks[1]["fit_gain"] == pytest.approx(1.25)
     table = format_gain_checks(checks)
     assert "| t | autotune_first | 1.30x | 1.25x | 1/1 |" in table
@@ -260,10 +324,12 @@ def test_workloads_bench_gain_checks_per_sample_against_the_same_seed() -> None:
 def test_workloads_advisor_fix_for_skips_code_changes_and_measure_first() -> None:
     from lightning_speedups.benchmarks._workloads_advisor import FIXES, fix_for
 
-    findings = [{"key": "data_bound", "fix": "`DeviceDataLoader`"},
-                {"key": "not_compiled", "fix": "Measure first: `SpeedAdvisor(probe_compile=True)`"},
-                {"key": "channels_last", "fix": "`ChannelsLast()` callback"},
-                {"key": "small_batch", "fix": "`ThroughputBatchSizeFinder()`"}]  # fmt: skip
+    findings = [
+        {"key": "data_bound", "fix": "`DeviceDataLoader`"},
+        {"key": "not_compiled", "fix": "Measure first: `SpeedAdvisor(probe_compile=True)`"},
+        {"key": "channels_last", "fix": "`ChannelsLast()` callback"},
+        {"key": "small_batch", "fix": "`ThroughputBatchSizeFinder()`"},
+    ]
     finding, skipped = fix_for(findings)
     assert finding is findings[2] and skipped == ["data_bound", "not_compiled"]
     assert fix_for(findings[:2]) == (None, ["data_bound", "not_compiled"])
@@ -276,9 +342,13 @@ def test_workloads_advisor_fix_for_skips_code_changes_and_measure_first() -> Non
 
 
 def test_workloads_bench_advisor_top_applies_the_first_fix(fake: _FakeTrainer, monkeypatch) -> None:
-    findings = {0: [{"key": "num_workers_zero", "title": "t", "fix": "DataLoader `num_workers` > 0"},
-                    {"key": "channels_last", "title": "NCHW layout", "fix": "`ChannelsLast()` callback"}],
-                1: [{"key": "num_workers_zero", "title": "t", "fix": "DataLoader `num_workers` > 0"}]}  # fmt: skip
+    findings = {
+        0: [
+            {"key": "num_workers_zero", "title": "t", "fix": "DataLoader `num_workers` > 0"},
+            {"key": "channels_last", "title": "NCHW layout", "fix": "`ChannelsLast()` callback"},
+        ],
+        1: [{"key": "num_workers_zero", "title": "t", "fix": "DataLoader `num_workers` > 0"}],
+    }
     monkeypatch.setattr(wb, "advisor_findings", lambda w, seed, small, no_bf16: (findings[seed], 3.0))
     assert "advisor_top" not in wb.METHODS  # only when named
     rows = wb.run_suite(["tiny"], methods=("advisor_top",), seeds=(0, 1), echo=False)
@@ -295,7 +365,8 @@ def test_workloads_bench_precision_trial_and_bf16_rows(fake: _FakeTrainer) -> No
     assert {"precision_trial", "bf16"}.isdisjoint(wb.METHODS)  # only when named
     rows = wb.run_suite(["tiny"], methods=("baseline", "precision_trial", "bf16"), seeds=(0,), echo=False)
     assert [r["method"] for r in rows] == ["baseline", "precision_trial", "bf16"]
-    trial, bf16 = fake.calls[1], fake.calls[2]
+    trial = fake.calls[1]
+    bf16 = fake.calls[2]
     assert [type(c).__name__ for c in trial["callbacks"]] == ["PrecisionTrial"]
     assert trial["overrides"] == {"precision": "32-true"} and bf16["overrides"] == {"precision": "bf16-mixed"}
     assert rows[1]["notes"] == "PrecisionTrial: "  # the fake fit ran no step: no decision to report
@@ -305,9 +376,15 @@ def test_workloads_bench_precision_trial_and_bf16_rows(fake: _FakeTrainer) -> No
 def test_workloads_bench_rotates_the_method_order_from_seed_to_seed(fake: _FakeTrainer) -> None:
     assert wb._rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and wb._rotated(["a", "b", "c"], 3) == ["a", "b", "c"]
     assert wb._rotated(["baseline", "autotune_first", "autotune_cached"], 2) == [
-        "autotune_first", "baseline", "autotune_cached"]  # fmt: skip
+        "autotune_first",
+        "baseline",
+        "autotune_cached",
+    ]
     assert wb._rotated(["autotune_first", "autotune_cached", "baseline"], 1) == [
-        "autotune_first", "baseline", "autotune_cached"]  # the cached run reads the first run's cache  # fmt: skip
+        "autotune_first",
+        "baseline",
+        "autotune_cached",
+    ]  # the cached run reads the first run's cache
     rows = wb.run_suite(["tiny"], methods=("baseline", "precision_trial", "bf16"), seeds=(0, 1), echo=False)
     order = [(0, "baseline"), (0, "precision_trial"), (0, "bf16"), (1, "precision_trial"), (1, "bf16"), (1, "baseline")]
     assert [(r["seed"], r["method"]) for r in rows] == order

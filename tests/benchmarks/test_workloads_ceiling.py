@@ -13,10 +13,20 @@ from lightning_speedups.benchmarks.workloads_ceiling import ROW_KEYS, ceilings, 
 def test_small_run_writes_a_row_with_its_oracle_and_resumes(tmp_path):
     base = tmp_path / "data"
     base.mkdir()
-    (base / "workloads_x.json").write_text(json.dumps([
-        {"task": "tabular_mlp", "method": "baseline", "steps": 100, "train_s": 10.0, "time_to_target_s": 4.0},
-        {"task": "tabular_mlp", "method": "autotune_first", "steps": 100, "train_s": 10.0, "time_to_target_s": 1.0},
-    ]))  # fmt: skip
+    (base / "workloads_x.json").write_text(
+        json.dumps(
+            [
+                {"task": "tabular_mlp", "method": "baseline", "steps": 100, "train_s": 10.0, "time_to_target_s": 4.0},
+                {
+                    "task": "tabular_mlp",
+                    "method": "autotune_first",
+                    "steps": 100,
+                    "train_s": 10.0,
+                    "time_to_target_s": 1.0,
+                },
+            ]
+        )
+    )
     path = tmp_path / "ceiling.json"
     (row,) = run_suite(["tabular_mlp"], path, baselines=base, rounds=3, small=True, echo=False)
     assert set(ROW_KEYS) <= set(row) and row["steps_to_target"] == 40  # the baseline row only
@@ -31,9 +41,14 @@ def test_small_run_writes_a_row_with_its_oracle_and_resumes(tmp_path):
 
 
 def test_the_oracle_pays_the_compile_only_where_it_wins():
-    row = {"steps_to_target": 10, "loader_s": 0.0, "step_s": {"fp32": 1.0}, "best": {"step_s": 0.8},
-           "best_fp32": {"step_s": 1.0}, "compiled": {"best": {"step_s": 0.5, "compile_s": 30.0},
-                                                      "best_fp32": {"step_s": 0.5, "compile_s": 1.0}}}  # fmt: skip
+    row = {
+        "steps_to_target": 10,
+        "loader_s": 0.0,
+        "step_s": {"fp32": 1.0},
+        "best": {"step_s": 0.8},
+        "best_fp32": {"step_s": 1.0},
+        "compiled": {"best": {"step_s": 0.5, "compile_s": 30.0}, "best_fp32": {"step_s": 0.5, "compile_s": 1.0}},
+    }
     out = ceilings(row)
     assert out["ceiling"] == pytest.approx(10 / 8)  # 10 x 0.5 + 30 s loses to 10 x 0.8 eager
     assert out["ceiling_fp32"] == pytest.approx(10 / 6)  # 10 x 0.5 + 1 s wins over 10 x 1.0

@@ -36,9 +36,11 @@ class ClockedData(Dataset):
     """64 random images; each sample 'costs' ``per_sample`` seconds on the fake clock."""
 
     def __init__(self, clock: FakeClock, per_sample: float, n: int = 64) -> None:
-        self.clock, self.per_sample = clock, per_sample
+        self.clock = clock
+        self.per_sample = per_sample
         g = torch.Generator().manual_seed(0)
-        self.x, self.y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+        self.x = torch.randn(n, 3, 32, 32, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -53,7 +55,8 @@ class ClockedModel(DemoClassifier):
 
     def __init__(self, clock: FakeClock | None = None, per_step: float = 0.0, **kw: Any) -> None:
         super().__init__(width=8, **kw)
-        self.clock, self.per_step = clock, per_step
+        self.clock = clock
+        self.per_step = per_step
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.clock is not None:
@@ -309,7 +312,8 @@ class _TokenLM(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.emb, self.head = nn.Embedding(32, 8), nn.Linear(8, 32)
+        self.emb = nn.Embedding(32, 8)
+        self.head = nn.Linear(8, 32)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         logits = self.head(self.emb(batch["input_ids"]))
@@ -361,7 +365,8 @@ def _compile_fit(monkeypatch, probe: Any, per_step: float = 0.5, steps: int = 3,
     from lightning_speedups.functional.advisor import probes
 
     kw.setdefault("probe_compile", True)
-    clock, calls = FakeClock(), []
+    clock = FakeClock()
+    calls = []
     monkeypatch.setattr(advisor_mod, "_now", clock)
 
     def fake(module, batch, loss=None, attrs=None, autocast_dtype=None, **_: Any):

@@ -37,7 +37,8 @@ class OOMAbove(DemoClassifier):
 
     def __init__(self, limit: int = 64, rank: int | None = None, **kw: Any) -> None:
         super().__init__(width=8, **kw)
-        self.limit, self.oom_rank = limit, rank
+        self.limit = limit
+        self.oom_rank = rank
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if batch[0].shape[0] >= self.limit and self.oom_rank in (None, self.global_rank):
@@ -124,7 +125,8 @@ def test_batch_size_misconfiguration():
 
 def _train(cb: Callback | None, steps: int = 2) -> dict[str, torch.Tensor]:
     L.seed_everything(0, verbose=False)
-    dm, model = Digits(batch_size=32), DemoClassifier(width=8)
+    dm = Digits(batch_size=32)
+    model = DemoClassifier(width=8)
     trainer = quiet_trainer(max_steps=steps, limit_val_batches=0, callbacks=[cb] if cb else [])
     trainer.fit(model, datamodule=dm)
     return {
@@ -170,9 +172,21 @@ def test_batch_size_trials_are_budgeted_and_warm_up_once():
 
     model = Steps()
     # confirm_rounds=1: single trials, so the steps below are all there is (no re-measurement under noise)
-    result = find_batch_size(quiet_trainer(max_epochs=1), model, Digits(), mode="sweep", init_val=16, max_val=128,
-                             steps_per_trial=3, warmup_steps=1, trial_samples=64, trial_time=None, verbose=False,
-                             confirm_rounds=1, trial_min_time=None)  # fmt: skip
+    result = find_batch_size(
+        quiet_trainer(max_epochs=1),
+        model,
+        Digits(),
+        mode="sweep",
+        init_val=16,
+        max_val=128,
+        steps_per_trial=3,
+        warmup_steps=1,
+        trial_samples=64,
+        trial_time=None,
+        verbose=False,
+        confirm_rounds=1,
+        trial_min_time=None,
+    )
     # 16: one warm-up + 3 timed (48 samples < 64); 32: 2 timed (64 samples); 64 and 128: one step each; no warm-up
     # after the first size on CPU
     assert model.sizes == [16] * 4 + [32] * 2 + [64, 128]
@@ -183,9 +197,18 @@ def test_batch_size_trials_are_budgeted_and_warm_up_once():
 def test_batch_size_trials_of_millisecond_steps_last_trial_min_time():
     """Steps of a few milliseconds: each trial goes on past ``trial_samples`` until its timed steps took
     ``trial_min_time`` (a CPU-bound neighbour's time slice is several milliseconds)."""
-    result = find_batch_size(quiet_trainer(max_epochs=1), DemoClassifier(width=4), Digits(), mode="sweep",
-                             init_val=16, max_val=64, trial_samples=16, trial_min_time=0.05, verbose=False,
-                             confirm_rounds=1)  # fmt: skip
+    result = find_batch_size(
+        quiet_trainer(max_epochs=1),
+        DemoClassifier(width=4),
+        Digits(),
+        mode="sweep",
+        init_val=16,
+        max_val=64,
+        trial_samples=16,
+        trial_min_time=0.05,
+        verbose=False,
+        confirm_rounds=1,
+    )
     assert all(sum(t.step_times) >= 0.05 for t in result.trials)
     assert any(len(t.step_times) > 1 for t in result.trials)  # one 16-sample step would have ended every trial
 
@@ -197,7 +220,8 @@ def test_batch_size_restores_when_step_raises():
                 raise ValueError("boom at 32")
             return super().training_step(batch, batch_idx)
 
-    model, dm = Boom(width=8), Digits(batch_size=8)
+    model = Boom(width=8)
+    dm = Digits(batch_size=8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     with pytest.raises(ValueError, match="boom at 32"):
@@ -234,7 +258,9 @@ def test_batch_size_keeps_the_loaders_size_when_every_size_runs_over_the_memory_
     """A model whose own training state fills the memory budget (a 412M ViT in 23 GB) runs at every size, over the
     budget: no size is chosen by speed, the loader's size stays with a warning, and the fit trains as it would have
     without the finder (it used to stop the fit with a RuntimeError)."""
-    cb, dm, seen = finder(init_val=16, max_val=64, memory_budget=1e-6), Digits(batch_size=8), BatchSizes()
+    cb = finder(init_val=16, max_val=64, memory_budget=1e-6)
+    dm = Digits(batch_size=8)
+    seen = BatchSizes()
     with pytest.warns(UserWarning, match=r"exceeds the memory budget.*batch size 8 is kept.*`memory_budget`"):
         quiet_trainer(max_steps=2, limit_val_batches=0, callbacks=[cb, seen]).fit(DemoClassifier(width=8), dm)
     assert [t.batch_size for t in cb.result.trials] == [16, 8, 4, 2, 1]
@@ -365,7 +391,9 @@ def test_batch_size_resume_does_not_search_again(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ThroughputBatchSizeFinder, "_trial", no_trials)
     resumed = finder(mode="max_fit", init_val=32, max_val=64, lr_scaling="linear")
-    dm, model, seen = Digits(batch_size=16), DemoClassifier(width=8), BatchSizes()
+    dm = Digits(batch_size=16)
+    model = DemoClassifier(width=8)
+    seen = BatchSizes()
     trainer = quiet_trainer(max_steps=4, limit_val_batches=0, callbacks=[resumed, seen])
     trainer.fit(model, datamodule=dm, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert resumed.result.chosen == 64 and len(resumed.history) == 1 and dm.batch_size == 64
@@ -420,7 +448,8 @@ def test_batch_size_rerun_at_later_epoch():
 
 def test_batch_size_with_dataloader_passed_to_fit():
     data = TensorDataset(torch.randn(200, 3, 32, 32), torch.randint(0, 10, (200,)))
-    cb, seen = finder(mode="max_fit", init_val=16, max_val=64), BatchSizes()
+    cb = finder(mode="max_fit", init_val=16, max_val=64)
+    seen = BatchSizes()
     trainer = quiet_trainer(max_steps=2, callbacks=[cb, seen])
     trainer.fit(DemoClassifier(width=8), train_dataloaders=DataLoader(data, batch_size=8, shuffle=True))
     assert cb.result.chosen == 64 and cb.result.base_batch_size == 8 and seen.seen == {0: [64, 64]}
@@ -465,7 +494,8 @@ class _TokenLM(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.emb, self.head = torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32)
+        self.emb = torch.nn.Embedding(32, 8)
+        self.head = torch.nn.Linear(8, 32)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         logits = self.head(self.emb(batch["input_ids"]))
@@ -488,7 +518,8 @@ def test_batch_size_measures_tokens_per_s_on_token_data():
     logged: list[dict[str, float]] = []
 
     class Memory(L.pytorch.loggers.Logger):
-        name, version = "memory", 0
+        name = "memory"
+        version = 0
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
             logged.append(dict(metrics))

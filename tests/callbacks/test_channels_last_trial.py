@@ -33,9 +33,17 @@ class Conv(L.LightningModule):
 
     def __init__(self, nhwc_cost: float = 0.5, nchw_cost: float = 1.0, bf16_factor: float = 1.0) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                 nn.Flatten(), nn.Linear(8, 2))  # fmt: skip
-        self.nhwc_cost, self.nchw_cost, self.bf16_factor = nhwc_cost, nchw_cost, bf16_factor
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 2),
+        )
+        self.nhwc_cost = nhwc_cost
+        self.nchw_cost = nchw_cost
+        self.bf16_factor = bf16_factor
         self.train_layout: list[bool] = []
         self.train_autocast: list[bool] = []
         self.val_layout: list[bool] = []
@@ -67,8 +75,9 @@ def _loader(n: int = 64) -> DataLoader:
     return DataLoader(TensorDataset(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 2, (n,), generator=g)), 4)
 
 
-def _fit(model: L.LightningModule, callbacks: list[Callback], max_steps: int, ckpt_path: str | None = None,
-         **kwargs: Any) -> L.Trainer:  # fmt: skip
+def _fit(
+    model: L.LightningModule, callbacks: list[Callback], max_steps: int, ckpt_path: str | None = None, **kwargs: Any
+) -> L.Trainer:
     trainer = quiet_trainer(max_steps=max_steps, callbacks=callbacks, limit_val_batches=1, **kwargs)
     trainer.fit(model, _loader(), _loader(8), ckpt_path=ckpt_path)
     return trainer
@@ -115,7 +124,8 @@ def test_channels_last_trial_trains_the_same_model_as_the_plain_fit():
 
 
 def test_channels_last_trial_keeps_nchw_when_no_faster():
-    model, trial = Conv(nhwc_cost=1.0), ChannelsLastTrial(clock=fake_clock)
+    model = Conv(nhwc_cost=1.0)
+    trial = ChannelsLastTrial(clock=fake_clock)
     _fit(model, [trial], 16)
     assert trial.kept == NCHW and trial.rounds == 3 and "not 1.05x beyond noise" in trial.note
     assert not any(model.train_layout[8:]) and not any(model.val_layout)
@@ -123,14 +133,16 @@ def test_channels_last_trial_keeps_nchw_when_no_faster():
 
 
 def test_channels_last_trial_says_so_when_the_fit_ends_before_it_decides():
-    model, trial = Conv(nhwc_cost=1.0), ChannelsLastTrial(clock=fake_clock)
+    model = Conv(nhwc_cost=1.0)
+    trial = ChannelsLastTrial(clock=fake_clock)
     _fit(model, [trial], 5)  # two untimed steps and a round and a half
     assert trial.kept is None
     assert trial.note == "undecided: the fit ended after 1 of at most 12 rounds; a resumed fit goes on with them"
 
 
 def test_channels_last_trial_stops_a_slow_layout_within_its_cost():
-    model, trial = Conv(nhwc_cost=10.0), ChannelsLastTrial(max_cost=0.02, clock=fake_clock)
+    model = Conv(nhwc_cost=10.0)
+    trial = ChannelsLastTrial(max_cost=0.02, clock=fake_clock)
     _fit(model, [trial], 100)
     assert trial.kept == NCHW and trial.rounds == 1 and "`max_cost`=0.02" in trial.note
     assert sum(model.train_layout) == 2
@@ -139,7 +151,8 @@ def test_channels_last_trial_stops_a_slow_layout_within_its_cost():
 def test_channels_last_trial_times_nchw_on_a_model_already_in_channels_last():
     from lightning_speedups.functional.channels_last import apply_channels_last
 
-    model, trial = Conv(nhwc_cost=1.0), ChannelsLastTrial(clock=fake_clock)
+    model = Conv(nhwc_cost=1.0)
+    trial = ChannelsLastTrial(clock=fake_clock)
     apply_channels_last(model)  # the user converted it before the fit: the NCHW steps must still be NCHW
     _fit(model, [trial], 16)
     assert model.train_layout[:8] == [False, True, False, True, True, False, False, True]
@@ -156,7 +169,8 @@ def test_channels_last_trial_spends_no_step_on_a_model_without_conv():
             self.train_layout.append(is_channels_last(x) and not x.is_contiguous())
             return self.net(x)
 
-    model, trial = Dense(), ChannelsLastTrial(clock=fake_clock)
+    model = Dense()
+    trial = ChannelsLastTrial(clock=fake_clock)
     _fit(model, [trial], 6)
     assert trial.kept == NCHW and trial.rounds == 0 and "no 2-D convolution" in trial.note
     assert not any(model.train_layout)
@@ -165,7 +179,8 @@ def test_channels_last_trial_spends_no_step_on_a_model_without_conv():
 def test_channels_last_trial_waits_for_the_precision_trial(monkeypatch):
     monkeypatch.setattr(pt, "cpu_bf16_units", lambda: "AVX512-BF16")
     model = Conv(nhwc_cost=0.5, bf16_factor=0.5)
-    precision, layout = PrecisionTrial(clock=fake_clock), ChannelsLastTrial(clock=fake_clock)
+    precision = PrecisionTrial(clock=fake_clock)
+    layout = ChannelsLastTrial(clock=fake_clock)
     _fit(model, [precision, layout], 24)
     assert precision.kept == BF16 and layout.kept == NHWC
     # 8 steps of the precision trial in NCHW, then the layout trial's 8 steps all under the kept bf16
@@ -174,21 +189,25 @@ def test_channels_last_trial_waits_for_the_precision_trial(monkeypatch):
 
 
 def test_channels_last_trial_resume(tmp_path):
-    full_model, full = Conv(), ChannelsLastTrial(clock=fake_clock)
+    full_model = Conv()
+    full = ChannelsLastTrial(clock=fake_clock)
     _fit(full_model, [full], 12)
-    half_model, half = Conv(), ChannelsLastTrial(clock=fake_clock)
+    half_model = Conv()
+    half = ChannelsLastTrial(clock=fake_clock)
     trainer = _fit(half_model, [half], 6)  # two untimed steps and two rounds: mid-trial
     trainer.save_checkpoint(tmp_path / "mid.ckpt")
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=True)  # plain data, NCHW weights
     assert next(iter(saved["callbacks"].values()))["kept"] is None and half.rounds == 2
     assert all(t.is_contiguous() for t in saved["state_dict"].values())
-    model, resumed = Conv(), ChannelsLastTrial(clock=fake_clock)
+    model = Conv()
+    resumed = ChannelsLastTrial(clock=fake_clock)
     trainer = _fit(model, [resumed], 12, ckpt_path=str(tmp_path / "mid.ckpt"))
     assert resumed.kept == full.kept == NHWC and resumed.rounds == full.rounds == 3
     assert model.train_layout == [False, True, False, True, True, True]
     trainer.save_checkpoint(tmp_path / "done.ckpt")
     told: list[ChannelsLastTrial] = []
-    model, after = Conv(), ChannelsLastTrial(clock=fake_clock, on_decision=told.append)
+    model = Conv()
+    after = ChannelsLastTrial(clock=fake_clock, on_decision=told.append)
     trainer = _fit(model, [after], 16, ckpt_path=str(tmp_path / "done.ckpt"))
     assert after.kept == NHWC and all(model.train_layout) and told == []  # the decision holds, told once only
     state = trainer.optimizers[0].state[model.net[0].weight]  # the restored moments follow the restored layout
@@ -216,8 +235,13 @@ class _Report(Callback):
 
 @pytest.mark.ddp
 def test_channels_last_trial_ddp(tmp_path):
-    trainer = quiet_trainer(max_steps=12, limit_val_batches=0, devices=2, strategy="ddp_spawn",
-                            callbacks=[ChannelsLastTrial(clock=fake_clock), _Report(tmp_path)])  # fmt: skip
+    trainer = quiet_trainer(
+        max_steps=12,
+        limit_val_batches=0,
+        devices=2,
+        strategy="ddp_spawn",
+        callbacks=[ChannelsLastTrial(clock=fake_clock), _Report(tmp_path)],
+    )
     trainer.fit(_RankConv(), _loader())
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["kept"] for r in reports] == [NHWC, NHWC]

@@ -88,8 +88,9 @@ def _snapshot(trainer: L.Trainer, model: L.LightningModule, ema: EMA) -> dict[st
     return ckpt
 
 
-def _fit(epochs: int, ckpt_path: Any = None, save: Any = None, callbacks: list[Any] | None = None,
-         **kw: Any) -> dict[str, Any]:
+def _fit(
+    epochs: int, ckpt_path: Any = None, save: Any = None, callbacks: list[Any] | None = None, **kw: Any
+) -> dict[str, Any]:
     model = _model()
     ema = EMA(decay=0.8, update_starting_at_epoch=0)
     trainer = quiet_trainer(max_epochs=epochs, limit_val_batches=0, callbacks=[ema, *(callbacks or [])], **kw)
@@ -134,8 +135,14 @@ def test_ema_resume_from_model_checkpoint(tmp_path):
 def test_ema_ddp(tmp_path):
     ema = EMA(decay=0.9)
     model = _model()
-    trainer = quiet_trainer(max_steps=4, limit_val_batches=1, val_check_interval=2, devices=2, strategy="ddp_spawn",
-                            callbacks=[ema, _ReportRank(tmp_path)])
+    trainer = quiet_trainer(
+        max_steps=4,
+        limit_val_batches=1,
+        val_check_interval=2,
+        devices=2,
+        strategy="ddp_spawn",
+        callbacks=[ema, _ReportRank(tmp_path)],
+    )
     trainer.fit(model, _loader(64), _loader(32))
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for report in reports:
@@ -155,8 +162,9 @@ class _ReportRank(L.Callback):
         avg = ckpt["state_dict"]
         report = {
             "n_averaged": int(ckpt["averaging_state"]["n_averaged"]),
-            "avg_checksum": float(sum(v.double().sum() for k, v in avg.items() if "running" not in k
-                                      and "num_batches" not in k)),
+            "avg_checksum": float(
+                sum(v.double().sum() for k, v in avg.items() if "running" not in k and "num_batches" not in k)
+            ),
             "model_is_average": all(torch.equal(p, avg[n]) for n, p in pl_module.named_parameters()),
         }
         (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))

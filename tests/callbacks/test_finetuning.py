@@ -55,7 +55,8 @@ def _backbone(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def test_finetune_frozen_phase(pretrained):
     model = _model(pretrained)
-    before, head_before = _backbone(model), model.head.weight.detach().clone()
+    before = _backbone(model)
+    head_before = model.head.weight.detach().clone()
     cb = FineTuneFreezing(unfreeze_at_epoch=None)
     trainer = quiet_trainer(max_epochs=2, limit_train_batches=4, limit_val_batches=1, callbacks=[cb])
     trainer.fit(model, _loader(NEW_TASK), _loader(NEW_TASK, n=64))
@@ -98,7 +99,8 @@ class _Recorder(L.Callback):
 def test_finetune_gradual_schedule(pretrained):
     model = _model(pretrained, optimizer_config={"name": "adamw", "lr": 1e-3, "weight_decay": 0.01})
     before = _backbone(model)
-    cb, rec = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5), _Recorder()
+    cb = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5)
+    rec = _Recorder()
     trainer = quiet_trainer(max_epochs=4, limit_train_batches=2, limit_val_batches=0, callbacks=[cb, rec])
     trainer.fit(model, _loader(NEW_TASK))
     # groups are the conv blocks, top first; one more every epoch from epoch 1 (recorder runs after the callback)
@@ -117,7 +119,8 @@ def test_finetune_gradual_schedule(pretrained):
 
 def test_finetune_explicit_schedule(pretrained):
     model = _model(pretrained)
-    cb, rec = FineTuneFreezing(schedule={1: ["backbone.6"], 3: ["backbone.4", "backbone.3"]}), _Recorder()
+    cb = FineTuneFreezing(schedule={1: ["backbone.6"], 3: ["backbone.4", "backbone.3"]})
+    rec = _Recorder()
     quiet_trainer(max_epochs=4, limit_train_batches=1, limit_val_batches=0, callbacks=[cb, rec]).fit(
         model, _loader(NEW_TASK)
     )
@@ -333,7 +336,9 @@ class _NetModule(L.LightningModule):
 
     def __init__(self, net: nn.Module, tokens: bool = False, onecycle: bool = False) -> None:
         super().__init__()
-        self.net, self.tokens, self.onecycle = net, tokens, onecycle
+        self.net = net
+        self.tokens = tokens
+        self.onecycle = onecycle
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -392,7 +397,8 @@ def test_finetune_lr_decay_follows_blocks(family, path):
     build, expected = FAMILIES[family]
     tokens = family == "bert"
     model = (_NetModule if path == "plain" else _MixinNetModule)(build(), tokens=tokens)
-    cb, rec = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.65, verbose=False), _GroupRecorder()
+    cb = FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.65, verbose=False)
+    rec = _GroupRecorder()
     trainer = quiet_trainer(max_epochs=3, limit_train_batches=1, limit_val_batches=0, callbacks=[cb, rec])
     trainer.fit(model, _net_data(tokens))
     top_first = [["net." + n for n in g] for g in reversed(expected)]

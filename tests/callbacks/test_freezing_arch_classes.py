@@ -60,8 +60,9 @@ class Classifier(L.LightningModule):
 
 def _loader(side: int, n: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(n, 3, side, side, generator=g), torch.randint(0, 3, (n,), generator=g)),
-                      batch_size=4)  # fmt: skip
+    return DataLoader(
+        TensorDataset(torch.randn(n, 3, side, side, generator=g), torch.randint(0, 3, (n,), generator=g)), batch_size=4
+    )
 
 
 def _fit_and_reload(build: Any, side: int, tmp_path: Path) -> tuple[torch.Tensor, torch.Tensor]:

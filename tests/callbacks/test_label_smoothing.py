@@ -77,8 +77,9 @@ def test_label_smoothing_misconfiguration():
 def test_label_smoothing_fit_train_only():
     model = Recorder()
     callbacks = [LabelSmoothing(0.1)]
-    trainer = quiet_trainer(max_epochs=1, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=1,
-                            callbacks=callbacks)
+    trainer = quiet_trainer(
+        max_epochs=1, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=1, callbacks=callbacks
+    )
     trainer.fit(model, _loader(), _loader(32))
     assert model.seen["train"] == [0.1] * 4
     assert model.seen["val"] and set(model.seen["val"]) == {0.0}  # sanity check + validation: plain loss

@@ -63,8 +63,10 @@ def test_lr_finder_functional_rules() -> None:
     with pytest.raises(SpeedupRuntimeError, match=r"produced 2 usable points; the rules need at least 3"):
         suggest_from_curve([1e-3, 1e-2, 1e-1], [1.0, float("inf"), 0.5], "valley")
     # Lightning's first smoothed point reads half the loss; the fix restores a flat curve
-    beta, raw = 0.98, [2.0] * 5
-    avg, lightning = 0.0, []
+    beta = 0.98
+    raw = [2.0] * 5
+    avg = 0.0
+    lightning = []
     for k, x in enumerate(raw):
         avg = beta * avg + (1 - beta) * x
         lightning.append(avg / (1 - beta ** (k + 2)))
@@ -207,8 +209,14 @@ def test_lr_finder_range_test_covers_its_range_on_a_short_epoch() -> None:
     assert trainer.global_step == 40 and trainer.current_epoch == 1  # the real run: one epoch, as asked
     assert trainer.check_val_every_n_epoch == 1 and trainer.fit_loop.max_epochs == 1
     # suggest_lr too, even when its trainer_kwargs carry a max_epochs
-    result = suggest_lr(model, TinyData(n_batches=8), num_training_steps=20, update=False, early_stop_threshold=None,
-                        trainer_kwargs={"max_epochs": 1})  # fmt: skip
+    result = suggest_lr(
+        model,
+        TinyData(n_batches=8),
+        num_training_steps=20,
+        update=False,
+        early_stop_threshold=None,
+        trainer_kwargs={"max_epochs": 1},
+    )
     assert result.steps_run == 20 and result.stop_reason is None
 
 
@@ -216,8 +224,15 @@ def test_lr_finder_reports_a_range_test_that_stopped_early() -> None:
     # a huge max_lr makes plain SGD diverge: the test stops before its planned steps, and says where and why
     model = DemoClassifier(width=4, optimizer_config=OptimizerConfig("sgd", lr=0.01))
     with pytest.warns(UserWarning, match=r"LR finder: the LR range test ran \d+ of 60 steps, covering lr 1e-05 to"):
-        result = suggest_lr(model, TinyData(n_batches=6), num_training_steps=60, min_lr=1e-5, max_lr=1e6,
-                            update=False, early_stop_threshold=1.5)  # fmt: skip
+        result = suggest_lr(
+            model,
+            TinyData(n_batches=6),
+            num_training_steps=60,
+            min_lr=1e-5,
+            max_lr=1e6,
+            update=False,
+            early_stop_threshold=1.5,
+        )
     assert result.stopped_early and result.steps_run < 60 and result.planned_steps == 60
     assert result.stop_reason.startswith("the loss diverged") and "`early_stop_threshold`=1.5" in result.stop_reason
     assert result.lr_covered == (min(result.lrs), max(result.lrs)) and result.lr_covered[1] < 1e6
@@ -232,5 +247,6 @@ def test_range_test_stop_reasons() -> None:
     assert range_test_stop([2.0, 1.0, 1.1], 10, 4.0).startswith("the fit loop ended before the planned steps")
     assert range_test_stop([2.0, 1.0, 5.0], 10, None).startswith("the fit loop ended")
     result = LRFinderResult.from_curve([1e-3, 1e-2, 1e-1], [2.0, 1.0, 1.1], "minimum", 10, "the fit loop ended")
-    assert result.coverage_text() == ("the LR range test ran 3 of 10 steps, covering lr 0.001 to 0.1: stopped early, "
-                                      "the fit loop ended")  # fmt: skip
+    assert result.coverage_text() == (
+        "the LR range test ran 3 of 10 steps, covering lr 0.001 to 0.1: stopped early, the fit loop ended"
+    )

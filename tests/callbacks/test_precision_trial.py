@@ -28,11 +28,14 @@ def fake_clock() -> float:
 class Timed(L.LightningModule):
     """A small classifier whose steps cost ``fp32_cost`` or ``bf16_cost`` fake seconds, and record their autocast."""
 
-    def __init__(self, bf16_cost: float = 0.5, fp32_cost: float = 1.0, fail_in_bf16: bool = False,
-                 overflow_in_bf16: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, bf16_cost: float = 0.5, fp32_cost: float = 1.0, fail_in_bf16: bool = False, overflow_in_bf16: bool = False
+    ) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-        self.bf16_cost, self.fp32_cost, self.fail_in_bf16 = bf16_cost, fp32_cost, fail_in_bf16
+        self.bf16_cost = bf16_cost
+        self.fp32_cost = fp32_cost
+        self.fail_in_bf16 = fail_in_bf16
         self.overflow_in_bf16 = overflow_in_bf16
         self.train_autocast: list[bool] = []
         self.val_autocast: list[bool] = []
@@ -102,7 +105,8 @@ def test_precision_trial_keeps_a_faster_bf16(bf16_units):
 
 
 def test_precision_trial_times_whole_optimizer_steps_under_gradient_accumulation(bf16_units):
-    model, trial = Timed(bf16_cost=0.5), PrecisionTrial(clock=fake_clock)
+    model = Timed(bf16_cost=0.5)
+    trial = PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 10, accumulate_grad_batches=2)  # 10 optimizer steps: 20 batches
     assert trial.kept == BF16 and trial.rounds == 3 and trial.ratio[1] == pytest.approx(2.0)  # 2 batches a step
     steps = [model.train_autocast[i : i + 2] for i in range(0, 16, 2)]
@@ -112,14 +116,16 @@ def test_precision_trial_times_whole_optimizer_steps_under_gradient_accumulation
 
 
 def test_precision_trial_keeps_fp32_when_bf16_is_no_faster(bf16_units):
-    model, trial = Timed(bf16_cost=1.0), PrecisionTrial(clock=fake_clock)
+    model = Timed(bf16_cost=1.0)
+    trial = PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 16)
     assert trial.kept == FP32 and trial.rounds == 3 and "not 1.05x beyond noise" in trial.note
     assert not any(model.train_autocast[8:])
 
 
 def test_precision_trial_stops_a_slow_bf16_within_its_cost(bf16_units):
-    model, trial = Timed(bf16_cost=10.0), PrecisionTrial(max_cost=0.02, clock=fake_clock)
+    model = Timed(bf16_cost=10.0)
+    trial = PrecisionTrial(max_cost=0.02, clock=fake_clock)
     _fit(model, trial, 100)  # 2% of 100 one-second steps: 2 s, which one 9 s slower round passes
     assert trial.kept == FP32 and trial.rounds == 1 and "`max_cost`=0.02" in trial.note
     assert sum(model.train_autocast) == 2  # the untimed bf16 step and one timed one
@@ -127,7 +133,8 @@ def test_precision_trial_stops_a_slow_bf16_within_its_cost(bf16_units):
 
 def test_precision_trial_on_a_cpu_without_bf16_units(monkeypatch):
     monkeypatch.setattr(pt, "cpu_bf16_units", lambda: None)
-    model, trial = Timed(), PrecisionTrial(clock=fake_clock)
+    model = Timed()
+    trial = PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 8)
     assert trial.kept == FP32 and "no bf16 units" in trial.note and not any(model.train_autocast)
 
@@ -148,34 +155,40 @@ class _SkipsFirst(Timed):
 
 
 def test_precision_trial_checks_nothing_on_a_step_that_returns_no_loss(bf16_units):
-    model, trial = _SkipsFirst(bf16_cost=0.5), PrecisionTrial(clock=fake_clock)
+    model = _SkipsFirst(bf16_cost=0.5)
+    trial = PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 20)  # the check on a copy meets the skipped batch: nothing to check, the trial goes on
     assert trial.kept == BF16 and "fails" not in trial.note
 
 
 def test_precision_trial_keeps_fp32_when_bf16_overflows(bf16_units):
-    model, trial = Timed(overflow_in_bf16=True), PrecisionTrial(clock=fake_clock)
+    model = Timed(overflow_in_bf16=True)
+    trial = PrecisionTrial(clock=fake_clock)
     _fit(model, trial, 8)  # the check on a copy saw the non-finite loss: the real model never ran a bf16 step
     assert trial.kept == FP32 and "non-finite loss" in trial.note and not any(model.train_autocast)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 def test_precision_trial_resume(bf16_units, tmp_path):
-    full_model, full = Timed(), PrecisionTrial(clock=fake_clock)
+    full_model = Timed()
+    full = PrecisionTrial(clock=fake_clock)
     _fit(full_model, full, 12)
-    half_model, half = Timed(), PrecisionTrial(clock=fake_clock)
+    half_model = Timed()
+    half = PrecisionTrial(clock=fake_clock)
     trainer = _fit(half_model, half, 6)  # two untimed steps and two rounds: mid-trial
     trainer.save_checkpoint(tmp_path / "mid.ckpt")
     state = torch.load(tmp_path / "mid.ckpt", weights_only=True)["callbacks"]  # plain data
     assert next(iter(state.values()))["kept"] is None and half.rounds == 2
-    model, resumed = Timed(), PrecisionTrial(clock=fake_clock)
+    model = Timed()
+    resumed = PrecisionTrial(clock=fake_clock)
     trainer = _fit(model, resumed, 12, ckpt_path=str(tmp_path / "mid.ckpt"))
     # the two rounds carried over, both options warmed up again, one more round decides as without the stop
     assert resumed.kept == full.kept == BF16 and resumed.rounds == full.rounds == 3
     assert model.train_autocast == [False, True, False, True, True, True]
     trainer.save_checkpoint(tmp_path / "done.ckpt")
     told: list[PrecisionTrial] = []
-    model, after = Timed(), PrecisionTrial(clock=fake_clock, on_decision=told.append)
+    model = Timed()
+    after = PrecisionTrial(clock=fake_clock, on_decision=told.append)
     _fit(model, after, 16, ckpt_path=str(tmp_path / "done.ckpt"))
     assert after.kept == BF16 and all(model.train_autocast)  # the decision holds: no step spent on fp32 again
     assert told == []  # a restored decision is not a new one
@@ -205,8 +218,13 @@ class _Report(Callback):
 
 @pytest.mark.ddp
 def test_precision_trial_ddp(tmp_path):
-    trainer = quiet_trainer(max_steps=12, limit_val_batches=0, devices=2, strategy="ddp_spawn",
-                            callbacks=[_AnyCpu(clock=fake_clock), _Report(tmp_path)])  # fmt: skip
+    trainer = quiet_trainer(
+        max_steps=12,
+        limit_val_batches=0,
+        devices=2,
+        strategy="ddp_spawn",
+        callbacks=[_AnyCpu(clock=fake_clock), _Report(tmp_path)],
+    )
     trainer.fit(_RankTimed(), _loader())
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["kept"] for r in reports] == [BF16, BF16]

@@ -20,7 +20,8 @@ pytest.importorskip("torch_pruning")
 
 def _loader(n: int = 16) -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn(n, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=4)
 
 
@@ -126,9 +127,14 @@ def test_pruning_ddp(tmp_path):
     cb = Pruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2)
     model = DemoClassifier(width=8)
     trainer = quiet_trainer(
-        accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, limit_train_batches=2,
-        limit_val_batches=0, callbacks=[cb, _SaveState(str(tmp_path))],
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        limit_train_batches=2,
+        limit_val_batches=0,
+        callbacks=[cb, _SaveState(str(tmp_path))],
+    )
     trainer.fit(model, _loader())
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)

@@ -275,5 +275,9 @@ def test_qat_convert_on_fit_end_needs_a_heldout_half():
     model.example_input_array = torch.zeros(1, 3, 32, 32)
     cb = QuantizationAwareTraining(convert_on_fit_end=True)
     with pytest.raises(SpeedupConfigError, match="has 1 sample\\(s\\).*at least 2 samples"):
-        quiet_trainer(max_steps=1, callbacks=[cb]).fit(model, torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))), batch_size=2))
+        quiet_trainer(max_steps=1, callbacks=[cb]).fit(
+            model,
+            torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))), batch_size=2
+            ),
+        )

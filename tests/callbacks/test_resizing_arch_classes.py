@@ -101,8 +101,11 @@ def test_resizing_refuses_inception_v3_aux_logits():
     model = AuxModule(net)
     cb = ProgressiveResizing(initial_scale=0.5, size_increment=64)  # large increments: few sizes to try
     trainer = quiet_trainer(max_steps=1, limit_val_batches=0, callbacks=[cb])
-    with pytest.raises(SpeedupConfigError, match=r"`AuxModule` fails on \(128, 128\) inputs in training mode.*"
-                       r"`net\.AuxLogits\.conv1\.conv` \(Conv2d\).*Kernel size can't be greater"):  # fmt: skip
+    with pytest.raises(
+        SpeedupConfigError,
+        match=r"`AuxModule` fails on \(128, 128\) inputs in training mode.*"
+        r"`net\.AuxLogits\.conv1\.conv` \(Conv2d\).*Kernel size can't be greater",
+    ):
         trainer.fit(model, DataLoader(_Pairs(299, n=2), batch_size=2))
     assert model.steps == 0
 
@@ -198,7 +201,8 @@ def test_resizing_torchvision_segmentation():
 
 def test_resize_batch_per_pixel_targets():
     images = torch.arange(64.0).view(1, 1, 8, 8).repeat(2, 3, 1, 1)
-    ids, labels = torch.arange(64).view(1, 8, 8).repeat(2, 1, 1), torch.tensor([1, 2])
+    ids = torch.arange(64).view(1, 8, 8).repeat(2, 1, 1)
+    labels = torch.tensor([1, 2])
     mask4 = ids[:, None].clone()
     out = resize_batch({"x": images, "y": labels, "masks": (ids, mask4)}, 0.5)
     assert out["y"] is labels  # classification targets [B]: untouched

@@ -23,9 +23,11 @@ schedulefree = pytest.importorskip("schedulefree")  # the optional extra (in `de
 
 def _data(n: int = 16, repeat: bool = False) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+    x = torch.randn(n, 4, generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
     if repeat:  # one batch repeated: a mid-epoch resume (which restarts a plain loader) sees the same batches
-        x, y = x[:4].repeat(n // 4, 1), y[:4].repeat(n // 4)
+        x = x[:4].repeat(n // 4, 1)
+        y = y[:4].repeat(n // 4)
     return TensorDataset(x, y)
 
 
@@ -172,7 +174,8 @@ def test_schedule_free_switch_resume(tmp_path: Any) -> None:
 
 
 def test_mixin_and_callback_together_switch_once(tmp_path: Any) -> None:
-    alone, both = MixinModule(bn=True), MixinModule(bn=True)
+    alone = MixinModule(bn=True)
+    both = MixinModule(bn=True)
     _fit_saving(alone, [], tmp_path / "alone")
     _fit_saving(both, [ScheduleFreeSwitch()], tmp_path / "both")
     for (key, a), b in zip(alone.state_dict().items(), both.state_dict().values(), strict=True):

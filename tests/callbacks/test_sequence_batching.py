@@ -139,7 +139,8 @@ def test_sequence_batching_packing_refused_without_position_ids():
 
 @pytest.mark.parametrize("strategy", ["length_grouped", "token_budget", "packed"])
 def test_sequence_batching_fit(strategy):
-    model, cb = TinyLM(), SequenceBatching(strategy, block_size=64, multiple_of=1)
+    model = TinyLM()
+    cb = SequenceBatching(strategy, block_size=64, multiple_of=1)
     trainer = _trainer([cb])
     trainer.fit(model, _loader())
     assert cb.chosen == strategy and isinstance(cb.loader, SequenceLoader)
@@ -163,7 +164,8 @@ def test_sequence_batching_reads_module_loaders():
         def train_dataloader(self):
             return _loader()
 
-    model, cb = WithData(), SequenceBatching("length_grouped")
+    model = WithData()
+    cb = SequenceBatching("length_grouped")
     _trainer([cb], max_steps=3).fit(model)
     assert cb.chosen == "length_grouped" and len(model.seen) == 3
 
@@ -252,13 +254,15 @@ def test_sequence_batching_hugging_face_bert_dynamic_padding():
 
         def training_step(self, batch, batch_idx):
             self.shapes.append(tuple(batch["input_ids"].shape))
-            ids, mask = batch["input_ids"], batch["attention_mask"]
+            ids = batch["input_ids"]
+            mask = batch["attention_mask"]
             return self.model(input_ids=ids, attention_mask=mask, labels=batch["label"]).loss
 
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    model, cb = Bert(), SequenceBatching("length_grouped", multiple_of=8)
+    model = Bert()
+    cb = SequenceBatching("length_grouped", multiple_of=8)
     _trainer([cb], max_steps=6).fit(model, _loader(batch_size=16))
     assert len(model.shapes) == 6
     assert all(b <= 16 and length % 8 == 0 and length <= 120 for b, length in model.shapes)
@@ -293,12 +297,15 @@ def test_sequence_batching_hugging_face_tokenizer_output_and_data_collator():
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    loader = DataLoader(samples, batch_size=16, shuffle=True,
-                        collate_fn=transformers.DataCollatorWithPadding(tokenizer))  # fmt: skip
-    model, cb = Bert(), SequenceBatching("length_grouped")
+    loader = DataLoader(
+        samples, batch_size=16, shuffle=True, collate_fn=transformers.DataCollatorWithPadding(tokenizer)
+    )
+    model = Bert()
+    cb = SequenceBatching("length_grouped")
     _trainer([cb], max_steps=4).fit(model, loader)
-    assert cb._own_collate == ("`collate_fn` does more than pad: its batch is a BatchEncoding where padding gives a "
-                               "dict")  # fmt: skip
+    assert cb._own_collate == (
+        "`collate_fn` does more than pad: its batch is a BatchEncoding where padding gives a dict"
+    )
     assert len(model.widths) == 4 and len(set(model.widths)) > 1
     with pytest.raises(SpeedupConfigError, match="`strategy`='packed' cannot be used"):
         _trainer([SequenceBatching("packed", block_size=64)], max_steps=1).fit(Bert(), loader)
@@ -320,8 +327,11 @@ def _masking_collate(samples):
     batch = pad_collate(multiple_of=1)(samples)
     ids = batch["input_ids"]
     picked = (torch.rand(ids.shape) < 0.15) & (batch["attention_mask"] == 1)
-    return {"input_ids": ids.masked_fill(picked, 63), "attention_mask": batch["attention_mask"],
-            "labels": ids.masked_fill(~picked, -100)}  # fmt: skip
+    return {
+        "input_ids": ids.masked_fill(picked, 63),
+        "attention_mask": batch["attention_mask"],
+        "labels": ids.masked_fill(~picked, -100),
+    }
 
 
 def _to_dataset_max(samples):
@@ -356,8 +366,10 @@ def test_a_collate_that_only_pads_is_replaced_and_one_that_does_more_is_kept():
             return {**super().__getitem__(i), "words": ["w"] * (i % 3 + 1)}
 
     def theirs(samples):
-        return {**pad_collate(multiple_of=1)([{"input_ids": s["input_ids"]} for s in samples]),
-                "words": [s["words"] for s in samples]}  # fmt: skip
+        return {
+            **pad_collate(multiple_of=1)([{"input_ids": s["input_ids"]} for s in samples]),
+            "words": [s["words"] for s in samples],
+        }
 
     why = own_collate_reason(DataLoader(WithWords(), batch_size=8, collate_fn=theirs))
     assert why.startswith("`collate_fn` does more than pad: padding alone cannot batch these samples (")
@@ -365,7 +377,8 @@ def test_a_collate_that_only_pads_is_replaced_and_one_that_does_more_is_kept():
 
 def test_sequence_batching_keeps_a_collate_that_masks_and_refuses_packing_for_it():
     # before: the new batches went through pad_collate, so a masked LM trained on no masks and no labels
-    model, cb = TinyLM(), SequenceBatching("length_grouped", multiple_of=1)
+    model = TinyLM()
+    cb = SequenceBatching("length_grouped", multiple_of=1)
     loader = DataLoader(Tokens(), batch_size=8, shuffle=True, collate_fn=_masking_collate)
     seen = []
     real = TinyLM.training_step

@@ -36,8 +36,11 @@ class TinyLM(L.LightningModule):
 
     def __init__(self, clock: FakeClock | None = None, per_step: float = 0.5, per_val: float = 0.0) -> None:
         super().__init__()
-        self.emb, self.head = nn.Embedding(32, 8), nn.Linear(8, 32)
-        self.clock, self.per_step, self.per_val = clock, per_step, per_val
+        self.emb = nn.Embedding(32, 8)
+        self.head = nn.Linear(8, 32)
+        self.clock = clock
+        self.per_step = per_step
+        self.per_val = per_val
 
     def _loss(self, batch: Any) -> torch.Tensor:
         logits = self.head(self.emb(batch["input_ids"]))
@@ -71,8 +74,17 @@ def _loader(n: int = 8) -> DataLoader:
 
 
 def _fake_peak(flops: float | None) -> Any:
-    est = PeakEstimate(flops, "fp32", "cpu", isa="AVX2+FMA", flop_per_cycle_per_core=32.0, cores=1, ghz=1.0,
-                       estimate=flops is not None, reason="" if flops else "no table")
+    est = PeakEstimate(
+        flops,
+        "fp32",
+        "cpu",
+        isa="AVX2+FMA",
+        flop_per_cycle_per_core=32.0,
+        cores=1,
+        ghz=1.0,
+        estimate=flops is not None,
+        reason="" if flops else "no table",
+    )
     return lambda device, dtype: est
 
 
@@ -103,8 +115,12 @@ def test_token_throughput_fit_logs_exact_values(monkeypatch):
     trainer = quiet_trainer(max_steps=4, callbacks=[cb], log_every_n_steps=1)
     trainer.fit(model, train_dataloaders=_loader())
     # 8 real and 10 padded tokens per 0.5 s step
-    expected = {"tokens_per_sec": 16.0, "padded_tokens_per_sec": 20.0, "pad_fraction": 0.2,
-                "mfu": 6 * params * 16.0 / 1e6}
+    expected = {
+        "tokens_per_sec": 16.0,
+        "padded_tokens_per_sec": 20.0,
+        "pad_fraction": 0.2,
+        "mfu": 6 * params * 16.0 / 1e6,
+    }
     for name, value in expected.items():
         assert cb.metrics[name] == pytest.approx(value, rel=1e-12)
         assert float(trainer.callback_metrics[f"train/{name}"]) == pytest.approx(value, rel=1e-6)
@@ -142,8 +158,9 @@ def test_token_throughput_batch_to_tokens_and_flops_per_token(monkeypatch):
     cb = TokenThroughput(batch_to_tokens=lambda batch: (6, 10), flops_per_token=2.0)
     trainer = quiet_trainer(max_steps=3, callbacks=[cb])
     trainer.fit(TinyLM(clock, per_step=1.0), train_dataloaders=_loader())
-    assert cb.metrics == pytest.approx({"tokens_per_sec": 6.0, "padded_tokens_per_sec": 10.0, "pad_fraction": 0.4,
-                                        "mfu": 2.0 * 6.0 / 1e3})
+    assert cb.metrics == pytest.approx(
+        {"tokens_per_sec": 6.0, "padded_tokens_per_sec": 10.0, "pad_fraction": 0.4, "mfu": 2.0 * 6.0 / 1e3}
+    )
 
 
 def test_token_throughput_non_token_data_warns_and_trains():

@@ -82,14 +82,17 @@ def test_batch_augment_per_sample_randomness():
 def test_batch_augment_deterministic():
     x = _images()
     kw = dict(padding=4, hflip=0.5, mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.25])
-    a, b, c = BatchAugment(seed=3, **kw), BatchAugment(seed=3, **kw), BatchAugment(seed=4, **kw)
+    a = BatchAugment(seed=3, **kw)
+    b = BatchAugment(seed=3, **kw)
+    c = BatchAugment(seed=4, **kw)
     first = [a(x), a(x)]
     assert torch.equal(first[0], b(x)) and torch.equal(first[1], b(x))
     assert not torch.equal(first[0], c(x))
     assert not torch.equal(first[0], first[1])  # the stream moves on per batch
     a.reset()
     assert torch.equal(a(x), first[0])
-    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    g1 = torch.Generator().manual_seed(9)
+    g2 = torch.Generator().manual_seed(9)
     assert torch.equal(BatchAugment(generator=g1, **kw)(x), BatchAugment(generator=g2, **kw)(x))
     torch.manual_seed(5)
     from_global = BatchAugment(**kw)(x)  # seed=None: torch's global RNG, as seeded by seed_everything
@@ -100,7 +103,8 @@ def test_batch_augment_deterministic():
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
 def test_batch_augment_normalisation_matches_v2(dtype):
     x = _images(dtype=dtype) if dtype == torch.uint8 else torch.rand(32, 3, 12, 10)
-    mean, std = [0.4, 0.5, 0.6], [0.2, 0.3, 0.25]
+    mean = [0.4, 0.5, 0.6]
+    std = [0.2, 0.3, 0.25]
     y = BatchAugment(mean=mean, std=std)(x)
     ref = v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(x))
     assert y.dtype == torch.float32 and y.shape == x.shape
@@ -113,7 +117,8 @@ def test_batch_augment_kornia_backend():
     pytest.importorskip("kornia")
     x = _images(h=16, w=16)
     kw = dict(padding=4, hflip=0.5, backend="kornia")
-    a, b = BatchAugment(seed=2, **kw), BatchAugment(seed=2, **kw)
+    a = BatchAugment(seed=2, **kw)
+    b = BatchAugment(seed=2, **kw)
     ya = a(x)
     assert ya.shape == x.shape and ya.dtype == x.dtype
     assert torch.equal(ya, b(x))  # deterministic with a seed

@@ -57,7 +57,8 @@ def test_device_data_misconfiguration():
         list(DeviceDataLoader(x, y, device=object()))
     # the batch fits a single process but not a shard of 3 ranks: found as soon as the world size is known
     loader = DeviceDataLoader(x, y, batch_size=8, drop_last=True)
-    loader._rank, loader._world_size = 0, 3
+    loader._rank = 0
+    loader._world_size = 3
     with pytest.raises(SpeedupConfigError, match="larger than the 6 samples"):
         len(loader)
 
@@ -99,7 +100,9 @@ def test_device_data_determinism():
         loader = DeviceDataLoader(idx, batch_size=7, seed=seed)
         return [torch.cat([b[0] for b in loader]).tolist() for _ in range(3)]
 
-    a, b, c = orders(1), orders(1), orders(2)
+    a = orders(1)
+    b = orders(1)
+    c = orders(2)
     assert a == b  # reproducible by seed
     assert a != c  # the seed matters
     assert len({tuple(o) for o in a}) == 3  # a new order each epoch
@@ -153,7 +156,10 @@ class _RecordingModel(DemoClassifier):
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, out_dir: str | None = None, seed: int = 0) -> None:
         super().__init__(width=4)
-        self.x, self.y, self.out_dir, self.data_seed = x, y, out_dir, seed
+        self.x = x
+        self.y = y
+        self.out_dir = out_dir
+        self.data_seed = seed
         self.seen: dict[int, list[int]] = {}
 
     def train_dataloader(self) -> DeviceDataLoader:
@@ -171,7 +177,8 @@ class _RecordingModel(DemoClassifier):
 
 
 def test_device_data_fit_resume_keeps_epoch_order(tmp_path):
-    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    x = torch.randn(16, 3, 32, 32)
+    y = torch.randint(0, 10, (16,))
     full = _RecordingModel(x, y, seed=4)
     quiet_trainer(max_epochs=2, limit_val_batches=0).fit(full)
     expected = DeviceDataLoader(torch.arange(16), batch_size=4, seed=4)
@@ -216,13 +223,15 @@ def test_device_data_registered():
 @pytest.mark.ddp
 def test_device_data_ddp(tmp_path):
     n = 40
-    x, y = torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
+    x = torch.randn(n, 3, 32, 32)
+    y = torch.randint(0, 10, (n,))
     model = _RecordingModel(x, y, out_dir=str(tmp_path), seed=11)
     trainer = quiet_trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=2, limit_val_batches=0)
     trainer.fit(model)
     seen = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for epoch in range(2):
-        a, b = seen[0][epoch], seen[1][epoch]
+        a = seen[0][epoch]
+        b = seen[1][epoch]
         assert len(a) == len(b) == n // 2
         assert not set(a) & set(b)  # disjoint shards
         assert set(a) | set(b) == set(range(n))  # union covers the dataset

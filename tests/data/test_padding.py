@@ -73,8 +73,10 @@ def test_pad_collate_tuple_and_tensor_samples():
 
 def test_pad_collate_token_ids_as_lists_and_numpy_arrays():
     # a Hugging Face tokenizer's output: every field a list of ints, the label an int
-    samples = [{"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0], "attention_mask": [1, 1, 1], "labels": 1},
-               {"input_ids": [101, 102], "token_type_ids": [0, 0], "attention_mask": [1, 1], "labels": 0}]  # fmt: skip
+    samples = [
+        {"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0], "attention_mask": [1, 1, 1], "labels": 1},
+        {"input_ids": [101, 102], "token_type_ids": [0, 0], "attention_mask": [1, 1], "labels": 0},
+    ]
     batch = pad_collate(multiple_of=1)(samples)
     assert batch["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
@@ -158,7 +160,9 @@ def test_pack_sequences_properties(seed):
     rows = -(-total // block)
     for key in ("input_ids", "labels", "position_ids", "document_ids"):
         assert out[key].shape == (rows, block), key
-    flat_ids, flat_pos, flat_labels = out["input_ids"].flatten(), out["position_ids"].flatten(), out["labels"].flatten()
+    flat_ids = out["input_ids"].flatten()
+    flat_pos = out["position_ids"].flatten()
+    flat_labels = out["labels"].flatten()
     assert flat_ids[:total].equal(torch.cat(docs)), "documents end to end, in order"
     assert (flat_ids[total:] == 0).all()
 
@@ -264,7 +268,8 @@ class _TinyCausalLM(nn.Module):
 
 def _segments(lengths: list[int], block: int) -> list[tuple[int, int]]:
     """(start, end) of every packed segment in the flattened rows: documents, cut at row boundaries."""
-    out, pos = [], 0
+    out = []
+    pos = 0
     for n in lengths:
         end = pos + n
         while pos < end:

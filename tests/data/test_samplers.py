@@ -52,7 +52,8 @@ def _padded(lengths: Any, batch: list[int], multiple_of: int = 1) -> int:
 def _step_imbalance(costs: list[list[int]]) -> torch.Tensor:
     """Per step, (slowest - fastest rank) / slowest, from each rank's per-batch cost."""
     per_step = torch.tensor(costs, dtype=torch.float64)  # (ranks, steps)
-    high, low = per_step.max(0).values, per_step.min(0).values
+    high = per_step.max(0).values
+    low = per_step.min(0).values
     return (high - low) / high
 
 
@@ -100,7 +101,8 @@ def test_sampler_ddp_single_batch_is_repeated_on_every_rank():
 @pytest.mark.parametrize("kind", KINDS)
 def test_sampler_determinism_and_epochs(kind):
     lengths = _lengths()
-    a, b = _make(kind, lengths, seed=7), _make(kind, lengths, seed=7)
+    a = _make(kind, lengths, seed=7)
+    b = _make(kind, lengths, seed=7)
     assert list(a) == list(b) == list(a), "same seed and epoch: same batches (and iterating twice changes nothing)"
     epoch0 = list(a)
     a.set_epoch(1)
@@ -318,13 +320,23 @@ def test_sampler_ddp_balance(kind):
     lengths = _skewed(sigma=0.5)
     if kind == "length_grouped":
         samplers = [LengthGroupedSampler(lengths, 32, rank=r, world_size=2) for r in range(2)]
-        cost, limit = (lambda b: _padded(lengths, b)), 0.10
+        limit = 0.10
+
+        def cost(b):
+            return _padded(lengths, b)
     elif kind == "token_budget":
         samplers = [TokenBudgetBatchSampler(lengths, 8192, multiple_of=8, rank=r, world_size=2) for r in range(2)]
-        cost, limit = (lambda b: _padded(lengths, b, 8)), 0.05
+        limit = 0.05
+
+        def cost(b):
+            return _padded(lengths, b, 8)
     else:
         samplers = [PackedBatchSampler(lengths, 512, 8, rank=r, world_size=2) for r in range(2)]
-        cost, limit = (lambda b: math.ceil(sum(int(lengths[i]) for i in b) / 512) * 512), 0.05
+        limit = 0.05
+
+        def cost(b):
+            return math.ceil(sum(int(lengths[i]) for i in b) / 512) * 512
+
     imbalance = _step_imbalance([[cost(b) for b in s] for s in samplers])
     assert imbalance.mean() < limit, f"mean per-step imbalance {imbalance.mean():.3f}"
     assert imbalance.median() < limit / 2

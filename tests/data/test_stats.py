@@ -114,7 +114,8 @@ def test_to_tensors_misconfiguration():
 
 def test_to_tensors_decodes_datasets(capsys):
     images, labels = load_digits_tensors(16, 3)
-    images, labels = images[:70], labels[:70]
+    images = images[:70]
+    labels = labels[:70]
     deterministic = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.3] * 3, [0.3] * 3)])
     ds = _TransformDataset(images, labels, deterministic)
     x, y = to_tensors(ds, batch_size=16)

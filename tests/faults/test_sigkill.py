@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _worker(*args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "tests.faults.worker", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.faults.worker", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _run(*args: str) -> None:
@@ -37,7 +43,8 @@ def test_sigkill_mid_epoch_resumes_like_a_clean_stop(tmp_path, technique):
     pytest.importorskip("torch_pruning" if technique == "pruning" else "torch")
     if technique == "qat":
         pytest.importorskip("torchao")
-    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    killed = tmp_path / "killed"
+    clean = tmp_path / "clean"
     killed.mkdir(), clean.mkdir()
     proc = _worker(technique, str(killed), "kill")
     deadline = time.monotonic() + 300

@@ -27,8 +27,15 @@ class Net(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.batch_size = 4
-        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                                      nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.backbone = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
         self.head = nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,8 +81,15 @@ class WaitForKill(L.Callback):
 def main(name: str, out: Path, mode: str) -> None:
     L.seed_everything(0)
     callbacks = [technique(name)]
-    kwargs = dict(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_progress_bar=False,
-                  enable_model_summary=False, default_root_dir=str(out))
+    kwargs = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(out),
+    )
     if mode.startswith("resume="):
         model = Net()
         trainer = L.Trainer(callbacks=callbacks, enable_checkpointing=False, **kwargs)

@@ -83,9 +83,19 @@ def test_advisor_functional_bf16_on_slow_cpu():
 
 def test_advisor_functional_gpu_rules():
     m = _m(
-        0.02, 0.001, device_type="cuda", device_name="NVIDIA A100", precision="32-true", cuda_bf16_supported=True,
-        tf32_off=True, flops_per_batch=int(1e9), peak_flops=312e12, memory_kind="cuda",
-        peak_memory_bytes=95, memory_total_bytes=100, batch_size=16,
+        0.02,
+        0.001,
+        device_type="cuda",
+        device_name="NVIDIA A100",
+        precision="32-true",
+        cuda_bf16_supported=True,
+        tf32_off=True,
+        flops_per_batch=int(1e9),
+        peak_flops=312e12,
+        memory_kind="cuda",
+        peak_memory_bytes=95,
+        memory_total_bytes=100,
+        batch_size=16,
     )
     assert m.utilisation == pytest.approx(1e9 / 0.02 / 312e12)
     keys = _keys(diagnose(m))
@@ -98,10 +108,16 @@ def test_advisor_functional_gpu_rules():
 
 def test_advisor_functional_model_and_optimizer_rules():
     m = _m(
-        0.1, 0.0, has_conv=True, channels_last_speedup=1.5, frozen_updated=["backbone.0.weight"],
-        never_grad=["extra.weight"], trainable_params=10,
+        0.1,
+        0.0,
+        has_conv=True,
+        channels_last_speedup=1.5,
+        frozen_updated=["backbone.0.weight"],
+        never_grad=["extra.weight"],
+        trainable_params=10,
         optimizers=[OptimizerMeasurement("Adam", fused=None, fused_supported=True, fused_speedup=2.0)],
-        optimizer_times=[0.02] * 10, callbacks=["TorchCompile"],
+        optimizer_times=[0.02] * 10,
+        callbacks=["TorchCompile"],
     )
     findings = diagnose(m)
     by_key = {f.key: f for f in findings}
@@ -117,13 +133,20 @@ def test_advisor_functional_model_and_optimizer_rules():
     cl = {f.key: f for f in diagnose(m)}["channels_last"]
     assert cl.severity == "info" and cl.score == 0.0
     # already fused / already channels_last / callback present: nothing to say
-    m.optimizers[0].fused, m.conv_channels_last = True, True
+    m.optimizers[0].fused = True
+    m.conv_channels_last = True
     assert not {"optimizer_not_fused", "channels_last"} & set(_keys(diagnose(m)))
 
 
 def test_advisor_report_formats(tmp_path):
-    m = _m(0.01, 0.03, flops_per_batch=int(2e9), peak_memory_bytes=2**30, memory_total_bytes=2**33,
-           memory_available_bytes=2**32)
+    m = _m(
+        0.01,
+        0.03,
+        flops_per_batch=int(2e9),
+        peak_memory_bytes=2**30,
+        memory_total_bytes=2**33,
+        memory_available_bytes=2**32,
+    )
     report = AdvisorReport(m.summary(), diagnose(m), notes=["a note"])
     d = report.to_dict()
     assert d["summary"]["data_wait_share"] == pytest.approx(0.75) and d["findings"][0]["key"] == "data_bound"
@@ -140,8 +163,15 @@ def test_advisor_report_cpu_utilisation_against_estimated_peak():
     from lightning_speedups import estimate_cpu_peak_flops
 
     est = estimate_cpu_peak_flops(cores=2, ghz=2.45, flags="sse avx avx2 fma", vendor="AuthenticAMD")  # 156.8 GFLOP/s
-    m = _m(0.1, 0.001, batch_size=32, flops_per_batch=int(6.9e9), peak_flops=est.flops,  # 69 GFLOP/s in the step
-           peak_flops_estimated=True, peak_flops_source=est.describe())  # fmt: skip
+    m = _m(
+        0.1,
+        0.001,
+        batch_size=32,
+        flops_per_batch=int(6.9e9),
+        peak_flops=est.flops,  # 69 GFLOP/s in the step
+        peak_flops_estimated=True,
+        peak_flops_source=est.describe(),
+    )
     assert m.utilisation == pytest.approx(69e9 / 156.8e9)
     s = m.summary()
     assert s["peak_flops_estimated"] is True and s["peak_flops_source"] == est.describe()

@@ -53,11 +53,13 @@ def test_advisor_compile_pays_back_within_the_planned_run():
     assert f.evidence["compile_s"] == 10.0 and f.evidence["compiled_step_speedup"] == 2.0
     assert "TorchCompile()" in f.fix
     # it ranks by its net saving: below a larger measured finding, above a smaller one
-    big = diagnose(_m(compile_s=10.0, compile_speedup=2.0, planned_steps=1000, has_conv=True,
-                      channels_last_speedup=3.0))  # fmt: skip
+    big = diagnose(
+        _m(compile_s=10.0, compile_speedup=2.0, planned_steps=1000, has_conv=True, channels_last_speedup=3.0)
+    )
     assert [x.key for x in big][:2] == ["channels_last", "not_compiled"]
-    small = diagnose(_m(compile_s=10.0, compile_speedup=2.0, planned_steps=1000, has_conv=True,
-                        channels_last_speedup=1.1))  # fmt: skip
+    small = diagnose(
+        _m(compile_s=10.0, compile_speedup=2.0, planned_steps=1000, has_conv=True, channels_last_speedup=1.1)
+    )
     assert [x.key for x in small][:2] == ["not_compiled", "channels_last"]
 
 
@@ -135,8 +137,12 @@ def test_advisor_compile_counts_every_graph_the_run_compiles():
     # the same 10 s compile and 2x step: a run that also validates and ends epochs on a smaller batch compiles three
     # graphs, so it pays back after 600 steps, past the 500 planned: no finding (applying it would slow the run)
     one = _m(compile_s=10.0, compile_speedup=2.0, planned_steps=500)
-    three = _m(compile_s=10.0, compile_speedup=2.0, planned_steps=500,
-               compile_graphs=["training", "last smaller training batch", "validation"])  # fmt: skip
+    three = _m(
+        compile_s=10.0,
+        compile_speedup=2.0,
+        planned_steps=500,
+        compile_graphs=["training", "last smaller training batch", "validation"],
+    )
     assert one.compile_total_s == pytest.approx(10.0) and three.compile_total_s == pytest.approx(30.0)
     assert three.compile_payback_steps == pytest.approx(600.0)
     assert _compile(one) is not None and _compile(three) is None
@@ -176,8 +182,15 @@ def test_advisor_compile_graphs_read_off_the_trainer():
 
     def fit(loader: DataLoader, **kw) -> list[str]:
         seen.clear()
-        trainer = L.Trainer(max_epochs=1, callbacks=[Read()], logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, **kw)  # fmt: skip
+        trainer = L.Trainer(
+            max_epochs=1,
+            callbacks=[Read()],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            **kw,
+        )
         trainer.fit(Plain(), loader, DataLoader(data, batch_size=5))
         return seen["graphs"]
 

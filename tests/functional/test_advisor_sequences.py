@@ -9,8 +9,9 @@ from lightning_speedups.functional.advisor import AdvisorReport, AdvisorThreshol
 
 
 def _measurements(tokens: int = 0, padded: int = 0, **kw):
-    return Measurements(batch_size=8, compute_times=[0.01] * 5, data_waits=[0.0] * 5, tokens=tokens,
-                        padded_tokens=padded, **kw)
+    return Measurements(
+        batch_size=8, compute_times=[0.01] * 5, data_waits=[0.0] * 5, tokens=tokens, padded_tokens=padded, **kw
+    )
 
 
 def _padding(m: Measurements, th: AdvisorThresholds | None = None):

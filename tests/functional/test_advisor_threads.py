@@ -43,7 +43,8 @@ def test_fewer_threads_measurement_restores_threads_and_leaves_the_model_alone()
 
 def test_fewer_threads_measurement_refuses_what_it_cannot_compare():
     before = torch.get_num_threads()
-    model, x = DemoClassifier(width=4), torch.randn(2, 3, 32, 32)
+    model = DemoClassifier(width=4)
+    x = torch.randn(2, 3, 32, 32)
     try:
         torch.set_num_threads(2)
         assert fewer_threads_speedup(model, x, threads=2) is None  # not fewer

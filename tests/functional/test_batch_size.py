@@ -187,7 +187,8 @@ def test_snapshot_restores_bitwise_also_on_error():
     model = DemoClassifier(width=4)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
-    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    x = torch.randn(8, 3, 32, 32)
+    y = torch.randint(0, 10, (8,))
     model.loss_fn(model(x), y).backward()
     opt.step()  # non-empty optimizer state
     model.backbone[0].eval()

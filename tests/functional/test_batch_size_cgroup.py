@@ -38,8 +38,12 @@ def _proc(tmp_path: Path, text: str) -> Path:
 def test_v2_limit_minus_usage_less_inactive_cache(tmp_path: Path) -> None:
     root = tmp_path / "fs"
     _write(root, cgroup_controllers="cpu memory")
-    _write(root / "job", memory_max=str(8 * GIB), memory_current=str(3 * GIB),
-           memory_stat=f"anon {2 * GIB}\ninactive_file {GIB}\nactive_file 0")  # fmt: skip
+    _write(
+        root / "job",
+        memory_max=str(8 * GIB),
+        memory_current=str(3 * GIB),
+        memory_stat=f"anon {2 * GIB}\ninactive_file {GIB}\nactive_file 0",
+    )
     room = cgroup_memory_room(root, _proc(tmp_path, "0::/job\n"))
     assert room == 8 * GIB - (3 * GIB - GIB)  # the reclaimable file cache does not count as used
 
@@ -55,8 +59,12 @@ def test_v2_tightest_limit_on_the_path_wins(tmp_path: Path) -> None:
 def test_v1_hybrid_and_unlimited(tmp_path: Path) -> None:
     root = tmp_path / "fs"
     proc = _proc(tmp_path, "4:memory:/docker/abc\n0::/\n")
-    _write(root / "memory" / "docker" / "abc", memory_limit_in_bytes=str(6 * GIB),
-           memory_usage_in_bytes=str(2 * GIB), memory_stat="total_inactive_file 0")  # fmt: skip
+    _write(
+        root / "memory" / "docker" / "abc",
+        memory_limit_in_bytes=str(6 * GIB),
+        memory_usage_in_bytes=str(2 * GIB),
+        memory_stat="total_inactive_file 0",
+    )
     _write(root / "memory", memory_limit_in_bytes="9223372036854771712")  # v1's "no limit"
     assert cgroup_memory_room(root, proc) == 4 * GIB
     # no unified hierarchy with controllers under root: the v1 directory only (where the sweep makes its child group)
@@ -69,7 +77,10 @@ def test_no_cgroup_files_means_no_limit(tmp_path: Path) -> None:
     assert cgroup_memory_room(tmp_path / "missing", tmp_path / "missing_proc") is None
     assert own_cgroup_paths(tmp_path / "missing_proc") == {}
     assert own_cgroup_paths(_proc(tmp_path, "4:memory,hugetlb:/a\n0::/b\ngarbage\n")) == {
-        "memory": "/a", "hugetlb": "/a", "": "/b"}  # fmt: skip
+        "memory": "/a",
+        "hugetlb": "/a",
+        "": "/b",
+    }
 
 
 def test_cpu_capacity_is_capped_by_the_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:

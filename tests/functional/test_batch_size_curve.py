@@ -63,8 +63,12 @@ def test_a_fit_without_the_fixed_step_cost_does_not_decide():
     # digits' steps beside a busy process (docs/_data/batch_size_suite.json): bimodal, about 55% step noise. A per-
     # sample constant fits them "consistently", and its ratios are exactly 1 with no error, so the search once chose
     # 16 "within 5% of the fastest" where 512 ran 2.6x faster (0.39x of the best). Such a fit may not decide.
-    steps = {16: [0.043, 0.04, 0.041, 0.034], 32: [0.206, 0.189, 0.057], 64: [0.193, 0.184, 0.221],
-             128: [0.265, 0.308, 0.339]}  # fmt: skip
+    steps = {
+        16: [0.043, 0.04, 0.041, 0.034],
+        32: [0.206, 0.189, 0.057],
+        64: [0.193, 0.184, 0.221],
+        128: [0.265, 0.308, 0.339],
+    }
     fit = fit_curve({b: [t / b for t in ts] for b, ts in steps.items()}, step_noise=0.55)
     assert fit is not None and fit.consistent and fit.active == (1,)
     assert fit.log_ratio(16, 128) == (0.0, 0.0)  # the constant's verdict: equal, with certainty

@@ -65,7 +65,8 @@ def test_batch_size_default_confirm_budget_holds_under_noise(curve, noise):
     # the default budget on the final re-measurement (2x the first pass) keeps >= 95 of 100 seeds within 10% of the
     # best, costs no more simulated time than the unbounded search, and every choice it could not confirm is warned
     best = max(noise_free_rate(curve, b) for b in LADDER)
-    good, spent = 0, {None: [], 2.0: []}
+    good = 0
+    spent = {None: [], 2.0: []}
     for seed in range(100):
         for budget in (None, 2.0):
             cfg = BatchSizeSearchConfig(init_val=16, max_val=2048, confirm_budget=budget)

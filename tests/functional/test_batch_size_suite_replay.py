@@ -25,8 +25,11 @@ from tests.helpers import simulated_trials
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "_data" / "batch_size_suite.json"
 ROWS = json.loads(DATA.read_text()) if DATA.exists() else []
-CURVES = {(r["task"], r["phase"]): {int(b): statistics.median(v) for b, v in r["step_s"].items()}
-          for r in ROWS if r["phase"] in ("sweep", "load_sweep")}  # fmt: skip
+CURVES = {
+    (r["task"], r["phase"]): {int(b): statistics.median(v) for b, v in r["step_s"].items()}
+    for r in ROWS
+    if r["phase"] in ("sweep", "load_sweep")
+}
 LOAD_NOISE = {"uniform-30pct": (0.3, 10**9), "outlier-1-in-5": (0.1, 5)}  # as in test_batch_size_noise
 
 
@@ -43,7 +46,8 @@ def hits(curve: dict[int, float], jitter: float, outlier_every: int, seeds: int 
     rate = {b: b / t for b, t in curve.items()}
     best = max(rate.values())
     cfg = BatchSizeSearchConfig(init_val=ladder[0], max_val=ladder[-1])
-    good, chosen = 0, []
+    good = 0
+    chosen = []
     for seed in range(seeds):
         measure, _clock = simulated_trials(seed, curve.__getitem__, jitter, outlier_every, cfg)
         with warnings.catch_warnings():

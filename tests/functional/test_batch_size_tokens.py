@@ -47,8 +47,9 @@ def test_search_ranks_tokens_not_samples():
     cfg = BatchSizeSearchConfig(init_val=8, max_val=128, patience=2)
     result = search_batch_size(measure, cfg, batch_size_ladder(8, 128))
     assert result.chosen == 32 and result.unit == "tokens"
-    samples_only = search_batch_size(lambda b: BatchSizeTrial(b, samples_per_s=10.0 * b), cfg,
-                                     batch_size_ladder(8, 128))
+    samples_only = search_batch_size(
+        lambda b: BatchSizeTrial(b, samples_per_s=10.0 * b), cfg, batch_size_ladder(8, 128)
+    )
     assert samples_only.chosen == 128 and samples_only.unit == "samples"
 
 
@@ -60,8 +61,14 @@ def test_guarded_search_times_per_token():
     def measure(b: int) -> BatchSizeTrial:
         n = [tokens * b] * 3
         times = [per_token[b] * x for x in n]
-        return BatchSizeTrial(b, samples_per_s=b / times[0], step_times=times, tokens_per_s=n[0] / times[0],
-                              step_tokens=n, elapsed_s=sum(times))
+        return BatchSizeTrial(
+            b,
+            samples_per_s=b / times[0],
+            step_times=times,
+            tokens_per_s=n[0] / times[0],
+            step_tokens=n,
+            elapsed_s=sum(times),
+        )
 
     cfg = BatchSizeSearchConfig(init_val=8, max_val=128, patience=1, confirm_rounds=2)
     result = search_batch_size(measure, cfg, batch_size_ladder(8, 128))

@@ -56,7 +56,9 @@ def test_channels_last_leaves_5d_tensors_alone():
 
 
 def test_to_channels_last_collections():
-    img, lbl, mask = torch.randn(2, 3, 8, 8), torch.arange(2), torch.zeros(2, 8, 8)
+    img = torch.randn(2, 3, 8, 8)
+    lbl = torch.arange(2)
+    mask = torch.zeros(2, 8, 8)
     out = to_channels_last({"image": img, "meta": (lbl, mask), "name": "x"})
     assert is_channels_last(out["image"]) and torch.equal(out["image"], img)
     assert out["meta"][0] is lbl and out["meta"][1] is mask and out["name"] == "x"

@@ -28,7 +28,8 @@ class _AttrNet(nn.Module):
 
 def test_label_smoothing_functional():
     model = DemoClassifier(width=4)
-    x, y = torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,))
+    x = torch.randn(6, 3, 32, 32)
+    y = torch.randint(0, 10, (6,))
     model.eval()
     with torch.no_grad():
         logits = model(x)
@@ -47,12 +48,11 @@ def test_label_smoothing_functional():
 
 def test_label_smoothing_attribute_and_hparams():
     net = _AttrNet()
-    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    x = torch.randn(5, 4)
+    y = torch.randint(0, 3, (5,))
     summary = apply_label_smoothing(net, 0.1)
     assert summary.attribute == "label_smoothing" and net.label_smoothing == 0.1
-    torch.testing.assert_close(
-        net.loss(x, y), nn.functional.cross_entropy(net.layer(x), y, label_smoothing=0.1)
-    )
+    torch.testing.assert_close(net.loss(x, y), nn.functional.cross_entropy(net.layer(x), y, label_smoothing=0.1))
     restore_label_smoothing(net, summary)
     assert net.label_smoothing == 0.0
 

@@ -280,9 +280,16 @@ def test_masks_other_parametrization_refused_by_name():
 def test_masks_weight_norm_wav2vec2_positional_conv(tmp_path):
     transformers = pytest.importorskip("transformers")
     config = transformers.Wav2Vec2Config(
-        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, conv_dim=(8, 8),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
-    )  # fmt: skip
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        conv_dim=(8, 8),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=2,
+    )
 
     def build():
         torch.manual_seed(0)

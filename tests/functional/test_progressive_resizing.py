@@ -13,7 +13,9 @@ from lightning_speedups.functional.progressive_resizing import (
 
 
 def test_progressive_resizing_functional():
-    images, labels, mask = torch.rand(4, 3, 32, 24), torch.arange(4), torch.zeros(4, 1, 32, 24, dtype=torch.long)
+    images = torch.rand(4, 3, 32, 24)
+    labels = torch.arange(4)
+    mask = torch.zeros(4, 1, 32, 24, dtype=torch.long)
     out = resize_batch({"x": images, "y": labels, "meta": [mask, "id"]}, 0.5)
     assert tuple(out["x"].shape) == (4, 3, 16, 12)
     assert out["y"] is labels and out["meta"][1] == "id"  # class labels and non-tensors pass through

@@ -57,7 +57,8 @@ class AuxNet(nn.Module):
     def __init__(self, detach: bool = False) -> None:
         super().__init__()
         self.detach = detach
-        self.stem, self.body = _block(3, 8), _block(8, 16)
+        self.stem = _block(3, 8)
+        self.body = _block(8, 16)
         self.aux = nn.Sequential(
             nn.Conv2d(16, 8, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 5)
         )
@@ -72,7 +73,8 @@ class AuxNet(nn.Module):
 
 
 def test_training_only_branch_is_pruned_consistently():
-    model, x = AuxNet().train(), torch.randn(2, 3, 8, 8)
+    model = AuxNet().train()
+    x = torch.randn(2, 3, 8, 8)
     summary = prune_structured(model, x, 0.5)
     assert model.body[0].out_channels == model.aux[0].in_channels == 8  # traced in train mode: the aux head follows
     assert model.aux[4].out_features == 5 and model.head.out_features == 5  # both heads' outputs protected
@@ -114,9 +116,17 @@ def test_training_only_branch_fit_with_callback():
     data = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))), batch_size=4
     )
-    module, callback = Module(), Pruning(amount=0.5)
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])  # fmt: skip
+    module = Module()
+    callback = Pruning(amount=0.5)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
     trainer.fit(module, data)  # the first training step used to fail in the aux branch
     assert module.net.aux[0].in_channels == module.net.body[0].out_channels == 8
     assert trainer.global_step == 2
@@ -138,7 +148,8 @@ class TwoHeads(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.low, self.high = _block(3, 8), _block(8, 16)
+        self.low = _block(3, 8)
+        self.high = _block(8, 16)
         self.classifier = nn.Conv2d(16, 4, 1)
         self.aux_classifier = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
 
@@ -150,8 +161,10 @@ class TwoHeads(nn.Module):
 class TupleHeads(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 16)
-        self.logits, self.embedding = nn.Linear(16, 3), nn.Linear(16, 6)
+        self.fc1 = nn.Linear(8, 32)
+        self.fc2 = nn.Linear(32, 16)
+        self.logits = nn.Linear(16, 3)
+        self.embedding = nn.Linear(16, 6)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = torch.relu(self.fc2(torch.relu(self.fc1(x))))
@@ -159,7 +172,8 @@ class TupleHeads(nn.Module):
 
 
 def test_dict_output_protects_every_head():
-    model, x = TwoHeads().eval(), torch.randn(2, 3, 8, 8)
+    model = TwoHeads().eval()
+    x = torch.randn(2, 3, 8, 8)
     prune_structured(model, x, 0.5)
     assert model.classifier.out_channels == model.aux_classifier[2].out_channels == 4
     assert model.high[0].out_channels == 8  # the backbone was pruned
@@ -168,7 +182,8 @@ def test_dict_output_protects_every_head():
 
 
 def test_tuple_and_model_output_protect_every_head():
-    model, x = TupleHeads(), torch.randn(2, 8)
+    model = TupleHeads()
+    x = torch.randn(2, 8)
     prune_structured(model, x, 0.5)
     assert (model.logits.out_features, model.embedding.out_features, model.fc1.out_features) == (3, 6, 16)
 
@@ -286,8 +301,12 @@ class Shuffle(nn.Module):
 class MixerBlock(nn.Module):
     def __init__(self, tokens: int, dim: int) -> None:
         super().__init__()
-        self.norm1, self.tok1, self.tok2 = nn.LayerNorm(dim), nn.Linear(tokens, 32), nn.Linear(32, tokens)
-        self.norm2, self.ch1, self.ch2 = nn.LayerNorm(dim), nn.Linear(dim, 32), nn.Linear(32, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.tok1 = nn.Linear(tokens, 32)
+        self.tok2 = nn.Linear(32, tokens)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ch1 = nn.Linear(dim, 32)
+        self.ch2 = nn.Linear(32, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.tok2(torch.relu(self.tok1(self.norm1(x).transpose(1, 2)))).transpose(1, 2)  # mixes tokens
@@ -319,8 +338,11 @@ def test_token_mixing_mlp_is_refused_by_name():
 def test_public_shufflenet_and_mixer_are_refused_by_name():
     torchvision = pytest.importorskip("torchvision")
     timm = pytest.importorskip("timm")
-    _refused(torchvision.models.shufflenet_v2_x0_5(num_classes=10).eval(), torch.randn(2, 3, 32, 32),
-             r"torch-pruning failed at module 'stage\d.*ZeroDivisionError")  # fmt: skip
+    _refused(
+        torchvision.models.shufflenet_v2_x0_5(num_classes=10).eval(),
+        torch.randn(2, 3, 32, 32),
+        r"torch-pruning failed at module 'stage\d.*ZeroDivisionError",
+    )
     mixer = timm.models.mlp_mixer.MlpMixer(num_classes=10, img_size=32, patch_size=8, num_blocks=1, embed_dim=24)
     _refused(mixer.eval(), torch.randn(2, 3, 32, 32), r"torch-pruning failed at module 'blocks\.0\.mlp_tokens")
 
@@ -329,7 +351,9 @@ def test_public_shufflenet_and_mixer_are_refused_by_name():
 class TiedLM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb, self.fc1, self.fc2 = nn.Embedding(50, 16), nn.Linear(16, 32), nn.Linear(32, 16)
+        self.emb = nn.Embedding(50, 16)
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
         self.head = nn.Linear(16, 50, bias=False)
         self.head.weight = self.emb.weight
 
@@ -339,7 +363,8 @@ class TiedLM(nn.Module):
 
 
 def test_tied_embeddings_are_pruned_together():
-    model, x = TiedLM(), torch.randint(0, 50, (2, 5))
+    model = TiedLM()
+    x = torch.randint(0, 50, (2, 5))
     prune_structured(model, x, 0.5)
     assert model.head.weight is model.emb.weight  # still one parameter: training updates both ends
     assert model.emb.embedding_dim == 8 and model(x).shape == (2, 5, 50)
@@ -350,7 +375,9 @@ def test_tied_weights_pruned_apart_are_refused_by_name():
     class SharedSquare(nn.Module):  # one square weight used by two layers: their channels cannot agree
         def __init__(self) -> None:
             super().__init__()
-            self.a, self.b, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+            self.a = nn.Linear(8, 8)
+            self.b = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 3)
             self.b.weight = self.a.weight
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -362,8 +389,16 @@ def test_tied_weights_pruned_apart_are_refused_by_name():
 
 def test_gpt2_tied_is_refused_by_name():
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2,
-                                     tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)  # fmt: skip
+    config = transformers.GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config).eval()
     message = _refused(model, {"input_ids": torch.randint(0, 64, (2, 6))}, r"torch-pruning failed at module")
     assert "'transformer.h.0.attn.c_attn' (Conv1D)" in message and "TypeError" in message
@@ -373,8 +408,14 @@ def test_dependency_loop_is_refused_with_model_unchanged():
     # Llama's rotary embedding splits and re-joins channels; torch-pruning's propagation never settles on it (it
     # looped for minutes), so a loop guard ends the analysis and the prune is refused
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     message = _refused(model, {"input_ids": torch.randint(0, 64, (2, 6))}, r"went round a dependency loop")
     assert "The model is unchanged" in message
@@ -399,7 +440,8 @@ def test_recurrent_refusal_names_the_module(cell):
 
 
 def test_recurrent_layers_keep_their_widths_and_the_rest_is_pruned():
-    model, x = Recurrent(nn.GRU, pre=True), torch.randn(2, 5, 8)
+    model = Recurrent(nn.GRU, pre=True)
+    x = torch.randn(2, 5, 8)
     summary = prune_structured(model, x, 0.5)
     assert set(summary.layers) == {"pre.0"}
     assert model.pre[2].out_features == model.rnn.input_size == 16 and model(x).shape == (2, 3)

@@ -38,7 +38,8 @@ class Encoder(nn.Module):
 
 
 def test_structured_vit_prunes_feed_forward_only():
-    model, x = _vit().eval(), torch.randn(2, 3, 32, 32)
+    model = _vit().eval()
+    x = torch.randn(2, 3, 32, 32)
     summary = prune_structured(model, x, 0.5)
     layer = model.encoder.layers[0]
     assert layer.mlp[0].out_features == 32 and layer.mlp[3].in_features == 32  # mlp_dim 64 -> 32
@@ -66,7 +67,8 @@ def test_structured_refuses_attention_without_feed_forward():
     class OnlyAttention(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.mha, self.head = mha, model
+            self.mha = mha
+            self.head = model
 
         def forward(self, x):
             return self.head(self.mha(x, x, x)[0])
@@ -80,7 +82,8 @@ def test_structured_prune_is_transactional():
     class HardCoded(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.conv, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(16, 4)
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.fc = nn.Linear(16, 4)
 
         def forward(self, x):
             return self.fc(nn.functional.adaptive_avg_pool2d(self.conv(x), 1).view(-1, 16))

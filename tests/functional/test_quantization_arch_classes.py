@@ -17,7 +17,8 @@ class DictHeads(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
-        self.out, self.aux = nn.Linear(64, 8), nn.Linear(64, 8)
+        self.out = nn.Linear(64, 8)
+        self.aux = nn.Linear(64, 8)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         h = self.body(x)
@@ -65,8 +66,9 @@ def _hf_output_model():
 def test_quantization_structured_outputs_are_compared(build):
     torch.manual_seed(0)
     model = build().eval()
-    qmodel, report = quantize_for_inference(model, torch.randn(16, 32), backend="eager_dynamic", min_speedup=0.0,
-                                            repeats=2, budget_s=1.0)  # fmt: skip
+    qmodel, report = quantize_for_inference(
+        model, torch.randn(16, 32), backend="eager_dynamic", min_speedup=0.0, repeats=2, budget_s=1.0
+    )
     cand = report.candidates["eager_dynamic"]
     assert cand["status"] == "ok", cand  # compared on the logits / all tensors, not failed on `.float()`
     assert cand["quantized_layers"] == 3 and report.quantized_layers == 3 and report.backend == "eager_dynamic"
@@ -82,8 +84,9 @@ def test_quantization_zero_layer_candidate_never_chosen():
     model = ConvOnly().eval()
     x = torch.randn(4, 3, 8, 8)
     with pytest.warns(UserWarning, match=r"no layer of ConvOnly could be quantized.*net\.0, net\.2"):
-        out_model, report = quantize_for_inference(model, x, backend="eager_dynamic", min_speedup=0.0, repeats=2,
-                                                   budget_s=1.0)  # fmt: skip
+        out_model, report = quantize_for_inference(
+            model, x, backend="eager_dynamic", min_speedup=0.0, repeats=2, budget_s=1.0
+        )
     assert report.backend == "none" and report.quantized_layers == 0
     assert report.candidates["eager_dynamic"] == {"status": "no_layer_quantized", "quantized_layers": 0}
     assert type(out_model.net[0]) is nn.Conv2d
@@ -92,11 +95,13 @@ def test_quantization_zero_layer_candidate_never_chosen():
 def test_quantization_segmentation_dict_output_without_linear():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
-    model = torchvision.models.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None,
-                                                                       num_classes=3).eval()  # fmt: skip
+    model = torchvision.models.segmentation.lraspp_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=3
+    ).eval()
     with pytest.warns(UserWarning, match="no layer of LRASPP could be quantized"):
-        _, report = quantize_for_inference(model, torch.randn(2, 3, 32, 32), backend="torchao_dynamic",
-                                           min_speedup=0.0, repeats=2, budget_s=1.0)  # fmt: skip
+        _, report = quantize_for_inference(
+            model, torch.randn(2, 3, 32, 32), backend="torchao_dynamic", min_speedup=0.0, repeats=2, budget_s=1.0
+        )
     assert report.backend == "none" and report.quantized_layers == 0
 
 
@@ -112,14 +117,23 @@ def test_quantization_reports_layers_quantized_per_backend():
 
 def test_quantization_t5_seq2seq_output():
     transformers = pytest.importorskip("transformers")
-    config = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
-                                   num_heads=2, decoder_start_token_id=0)  # fmt: skip
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        decoder_start_token_id=0,
+    )
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(config).eval()
     ids = torch.randint(1, 64, (8, 6))
     example = (ids, None, ids)  # input_ids, attention_mask, decoder_input_ids
-    _, report = quantize_for_inference(model, example, backend="eager_dynamic", min_speedup=0.0, max_rel_error=0.5,
-                                       repeats=2, budget_s=1.0)  # fmt: skip
+    _, report = quantize_for_inference(
+        model, example, backend="eager_dynamic", min_speedup=0.0, max_rel_error=0.5, repeats=2, budget_s=1.0
+    )
     cand = report.candidates["eager_dynamic"]
     assert cand["status"] in ("ok", "too_inaccurate"), cand  # compared on Seq2SeqLMOutput.logits
     assert cand["quantized_layers"] > 0
@@ -131,7 +145,9 @@ class FunctionalWeight(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.qkv, self.proj, self.head = nn.Linear(32, 96), nn.Linear(32, 32), nn.Linear(32, 8)
+        self.qkv = nn.Linear(32, 96)
+        self.proj = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = nn.functional.linear(x, self.qkv.weight, self.qkv.bias).chunk(3, dim=-1)
@@ -148,7 +164,8 @@ def test_quantization_leaves_a_functionally_read_linear_in_float(backend, tmp_pa
     from lightning_speedups import load_quantized, save_quantized
 
     torch.manual_seed(0)
-    model, x = FunctionalWeight().eval(), torch.randn(16, 32)
+    model = FunctionalWeight().eval()
+    x = torch.randn(16, 32)
     qmodel, report = quantize_for_inference(model, x, backend=backend, min_speedup=0.0, repeats=2, budget_s=1.0)
     cand = report.candidates[backend]
     assert cand["status"] == "ok" and cand["quantized_layers"] == 2, cand

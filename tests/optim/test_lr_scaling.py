@@ -102,7 +102,8 @@ def test_scaled_schedule_runs_on_as_the_scaled_curve(name: str) -> None:
         assert other.param_groups[0]["lr"] == 0.1 and bystander.base_lrs == [0.1]  # another optimizer's: untouched
         return out
 
-    plain, scaled = run(None), run(2.0)
+    plain = run(None)
+    scaled = run(2.0)
     assert scaled[:2] == pytest.approx(plain[:2])
     assert scaled[2:] == pytest.approx([2.0 * x for x in plain[2:]])
 

@@ -36,14 +36,16 @@ def _model() -> DemoClassifier:
 
 def test_optim_resume() -> None:
     L.seed_everything(0)
-    full, rec_full = _model(), LRRecorder()
+    full = _model()
+    rec_full = LRRecorder()
     quiet_trainer(max_epochs=2, limit_val_batches=1, callbacks=[rec_full]).fit(full, TinyData(3))
 
     L.seed_everything(0)
     crashed = _model()
     with pytest.raises(RuntimeError, match="simulated crash"):
         quiet_trainer(max_epochs=2, limit_val_batches=1, callbacks=[_Crash()]).fit(crashed, TinyData(3))
-    resumed, rec = _model(), LRRecorder()
+    resumed = _model()
+    rec = LRRecorder()
     trainer = quiet_trainer(max_epochs=2, limit_val_batches=1, callbacks=[rec])
     trainer.fit(resumed, TinyData(3), ckpt_path="crash.ckpt")
     # same lr at the same step (epoch 2 + the final lr), and the same weights as the uninterrupted run

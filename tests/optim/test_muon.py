@@ -27,7 +27,8 @@ from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_
 from tests.fsdp_cpu import CPUFSDPStrategy
 from tests.helpers import quiet_trainer
 
-VOCAB, BLOCK = 64, 16
+VOCAB = 64
+BLOCK = 16
 
 
 class Block(nn.Module):

@@ -138,7 +138,8 @@ def test_lr_scaling_in_create_optimizer() -> None:
 
 def test_fused_chosen_only_where_supported() -> None:
     cpu = [torch.zeros(2, requires_grad=True)]
-    adam, rmsprop = get_optimizer_info("adam"), get_optimizer_info("rmsprop")
+    adam = get_optimizer_info("adam")
+    rmsprop = get_optimizer_info("rmsprop")
     cpu_fused = "cpu" in _fused_devices()  # torch >= 2.4 has fused CPU kernels
     assert choose_implementation(adam, cpu, "auto") == ({"fused": True} if cpu_fused else {})
     assert choose_implementation(adam, cpu, "auto", avoid_fused=True) == {}

@@ -73,7 +73,8 @@ def test_optim_resume_every_optimizer(name: str, impl: str, frozen: bool, tmp_pa
     resumed, opt = _fit(name, impl, frozen, tmp_path / "resumed", 3, ckpt_path=str(tmp_path / "full" / "epoch=1.ckpt"))
     for (key, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=key)
-    a_state, b_state = full_opt.state_dict()["state"], opt.state_dict()["state"]
+    a_state = full_opt.state_dict()["state"]
+    b_state = opt.state_dict()["state"]
     assert a_state.keys() == b_state.keys()
     for idx in a_state:
         for key in a_state[idx]:
@@ -108,7 +109,8 @@ def test_fused_sgd_late_params_match_for_loop(dampening: float, nesterov: bool, 
 
 
 def test_fused_sgd_guard_is_needed_and_idempotent() -> None:
-    a, b = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2))
+    a = nn.Parameter(torch.ones(2))
+    b = nn.Parameter(torch.ones(2))
     plain = torch.optim.SGD([a, b], lr=0.1, momentum=0.9, fused=True)
     a.grad = torch.ones(2)
     plain.step()

@@ -40,9 +40,11 @@ SF_NAMES = ("schedule_free_adamw", "schedule_free_sgd")
 
 def _data(n: int = 16, repeat: bool = False) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+    x = torch.randn(n, 4, generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
     if repeat:  # one batch of 4 repeated: a mid-epoch resume (which restarts a plain loader) sees the same batches
-        x, y = x[:4].repeat(n // 4, 1), y[:4].repeat(n // 4)
+        x = x[:4].repeat(n // 4, 1)
+        y = y[:4].repeat(n // 4)
     return TensorDataset(x, y)
 
 
@@ -301,7 +303,8 @@ def test_mixin_recomputes_batchnorm_at_the_eval_weights(bn_batches: int) -> None
 
 class _Counting(Dataset):
     def __init__(self) -> None:
-        self.data, self.reads = _data(), 0
+        self.data = _data()
+        self.reads = 0
 
     def __len__(self) -> int:
         return len(self.data)

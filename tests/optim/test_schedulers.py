@@ -25,7 +25,8 @@ from lightning_speedups.optim import (
 from tests.helpers import quiet_trainer
 from tests.optim._data import LRRecorder, TinyData
 
-EPOCHS, BATCHES = 2, 3
+EPOCHS = 2
+BATCHES = 3
 TOTAL = EPOCHS * BATCHES
 BASE_LR = 0.05
 

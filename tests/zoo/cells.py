@@ -28,11 +28,24 @@ from lightning_speedups.functional.channels_last import apply_channels_last, is_
 from tests.zoo.models import ARCHS, build
 from tests.zoo.techniques import EFFECTS, TECHNIQUES, Refused, Technique, expected, param_count
 
-__all__ = ["ANY_OUTCOME", "CELLS", "RESULTS", "Cell", "FitRecord", "as_tensor", "cleanup", "fit_cell",
-           "quantize_check", "record", "reload_check", "resume_check"]  # fmt: skip
+__all__ = [
+    "ANY_OUTCOME",
+    "CELLS",
+    "RESULTS",
+    "Cell",
+    "FitRecord",
+    "as_tensor",
+    "cleanup",
+    "fit_cell",
+    "quantize_check",
+    "record",
+    "reload_check",
+    "resume_check",
+]
 
 MAX_EPOCHS = 2
-ATOL, RTOL = 1e-5, 1e-4
+ATOL = 1e-5
+RTOL = 1e-4
 # `fit_cell(..., want=ANY_OUTCOME)`: working and refusing both conform (tools/arch_sweep.py records which); a refusal
 # must still come at setup() with the model unchanged, and a working cell must show its technique's effect
 ANY_OUTCOME = "any"
@@ -91,9 +104,16 @@ TRAINER_KWARGS: dict[str, Any] = {"accelerator": "cpu", "devices": 1}
 
 def make_trainer(callbacks: list[Callback], ckpt_dir: Path) -> L.Trainer:
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}", save_top_k=-1, every_n_epochs=1)
-    return L.Trainer(**TRAINER_KWARGS, max_epochs=MAX_EPOCHS, logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=ckpt_dir,
-                     callbacks=[*callbacks, ckpt, StepSeed()])  # fmt: skip
+    return L.Trainer(
+        **TRAINER_KWARGS,
+        max_epochs=MAX_EPOCHS,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=ckpt_dir,
+        callbacks=[*callbacks, ckpt, StepSeed()],
+    )
 
 
 def _fit(trainer: L.Trainer, model: L.LightningModule, **kwargs: Any) -> None:
@@ -210,8 +230,9 @@ def fit_cell(cell: Cell, root: Path, want: str | Refused | None = None) -> FitRe
         tb = traceback.extract_tb(err.__traceback__)
         where = next((f for f in reversed(tb) if "lightning_speedups" in f.filename), tb[-1] if tb else None)
         at = f" [at {Path(where.filename).name}:{where.lineno} {where.name}]" if where else ""
-        rec.problem = f"{'crashed' if not isinstance(want, Refused) else 'crashed instead of a refusal'}: " \
-                      f"{rec.message}{at}"  # fmt: skip
+        rec.problem = (
+            f"{'crashed' if not isinstance(want, Refused) else 'crashed instead of a refusal'}: {rec.message}{at}"
+        )
         return rec
     rec = FitRecord("works", root=root, global_step=trainer.global_step)
     if isinstance(want, Refused):
@@ -227,7 +248,8 @@ def fit_cell(cell: Cell, root: Path, want: str | Refused | None = None) -> FitRe
         rec.problem = f"trained, but the technique's effect is missing: {no_effect}"
     rec.final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rec.outputs = _outputs(model)
-    rec.model, rec.callbacks = model, callbacks
+    rec.model = model
+    rec.callbacks = callbacks
     return rec
 
 
@@ -239,9 +261,11 @@ def cleanup(rec: FitRecord) -> None:
 # ---------------------------------------------------------------------------------------------------- checks
 def _compare_states(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> str | None:
     if got.keys() != want.keys():
-        missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+        missing = sorted(want.keys() - got.keys())
+        extra = sorted(got.keys() - want.keys())
         return f"state_dict keys differ: missing {missing[:3]}, unexpected {extra[:3]}"
-    worst, worst_key = 0.0, ""
+    worst = 0.0
+    worst_key = ""
     for k, w in want.items():
         g = got[k]
         if g.shape != w.shape:
@@ -253,7 +277,8 @@ def _compare_states(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor])
         if not torch.allclose(g.float(), w.float(), atol=ATOL, rtol=RTOL, equal_nan=True):
             d = float((g.float() - w.float()).abs().max())
             if d > worst:
-                worst, worst_key = d, k
+                worst = d
+                worst_key = k
     if worst_key:
         return f"weights differ from the uninterrupted run: max |diff| {worst:.3g} at {worst_key!r}"
     return None

@@ -48,8 +48,10 @@ def _watchdog(limit_mb: int) -> None:
             capture = _CONFIG[0].pluginmanager.getplugin("capturemanager") if _CONFIG else None
             if capture is not None:  # pytest captures fd 2: let the message reach the terminal
                 capture.suspend_global_capture(in_=False)
-            sys.stderr.write(f"\n[zoo] RSS {rss:.0f} MiB > LS_ZOO_MAX_RSS_MB={limit_mb}: aborting the run "
-                             f"(current test: {os.environ.get('PYTEST_CURRENT_TEST')})\n")  # fmt: skip
+            sys.stderr.write(
+                f"\n[zoo] RSS {rss:.0f} MiB > LS_ZOO_MAX_RSS_MB={limit_mb}: aborting the run "
+                f"(current test: {os.environ.get('PYTEST_CURRENT_TEST')})\n"
+            )
             sys.stderr.flush()
             os._exit(99)
         time.sleep(0.2)
@@ -97,8 +99,11 @@ def pytest_runtest_makereport(item, call):
             msg = str(report.longrepr[2])
         elif report.outcome == "failed":
             msg = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message)
-        entry.setdefault("tests", {})[item.originalname] = {"outcome": report.outcome, "message": msg[:500],
-                                                            "duration_s": round(report.duration, 2)}  # fmt: skip
+        entry.setdefault("tests", {})[item.originalname] = {
+            "outcome": report.outcome,
+            "message": msg[:500],
+            "duration_s": round(report.duration, 2),
+        }
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -77,7 +77,8 @@ class _Notes:
     """Footnote numbers for long refusal reasons (``--footnotes``): each distinct reason is written once."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled, self.reasons = enabled, {}  # type: ignore[var-annotated]
+        self.enabled = enabled
+        self.reasons = {}  # type: ignore[var-annotated]
 
     def __call__(self, text: str) -> str:
         m = re.match(r"^refused: (.*?)( \(message lacks the module name\))?$", text)
@@ -93,9 +94,11 @@ class _Notes:
         return out + [f"[{n}] {reason}  " for reason, n in self.reasons.items()]
 
 
-LEGEND = ("`works`: trained 2 epochs, reloaded to the same outputs, resumed to the same weights; `refused`: refused "
-          "at setup with the reason, before any step, model unchanged; `fails (...)`: does not conform yet (the "
-          "checks that fail); `-`: not run on this row.")  # fmt: skip
+LEGEND = (
+    "`works`: trained 2 epochs, reloaded to the same outputs, resumed to the same weights; `refused`: refused "
+    "at setup with the reason, before any step, model unchanged; `fails (...)`: does not conform yet (the "
+    "checks that fail); `-`: not run on this row."
+)
 
 
 def render(results: dict[str, Any], footnotes: bool = False) -> str:
@@ -106,8 +109,7 @@ def render(results: dict[str, Any], footnotes: bool = False) -> str:
     notes = dict(results.get("techs") or [])  # [[name, what the column runs], ...]
     techs = list(notes) or sorted({e["tech"] for e in cells.values() if "tech" in e})
     by_key = {(e.get("arch"), e.get("tech")): e for e in cells.values()}
-    lines = ["| architecture | " + " | ".join(f"`{t}`" for t in techs) + " |",
-             "|---|" + "---|" * len(techs)]  # fmt: skip
+    lines = ["| architecture | " + " | ".join(f"`{t}`" for t in techs) + " |", "|---|" + "---|" * len(techs)]
     for arch, source in archs.items():
         row = [note(cell_text(by_key.get((arch, t)), width)) for t in techs]
         lines.append(f"| `{arch}`: {source} | " + " | ".join(row) + " |")

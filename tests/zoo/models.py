@@ -41,7 +41,9 @@ BATCH = 8
 SAMPLES = 16  # 2 batches per epoch
 IMAGE = (3, 32, 32)
 CLASSES = 10
-VOCAB, TOKENS, LABELS = 100, 12, 2
+VOCAB = 100
+TOKENS = 12
+LABELS = 2
 DATA_SEED = 1234  # data never depends on the global RNG, so a resumed run sees the same batches
 
 
@@ -108,15 +110,17 @@ def _tv_convnext_tiny() -> nn.Module:
 def _tv_vit() -> nn.Module:
     from torchvision.models import VisionTransformer
 
-    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
-                             num_classes=CLASSES)  # fmt: skip
+    return VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=CLASSES
+    )
 
 
 def _tv_swin() -> nn.Module:
     from torchvision.models import SwinTransformer
 
-    return SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=[4, 4],
-                           num_classes=CLASSES)  # fmt: skip
+    return SwinTransformer(
+        patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=[4, 4], num_classes=CLASSES
+    )
 
 
 def _timm(name: str, **kw: Any) -> Callable[[], nn.Module]:
@@ -135,8 +139,15 @@ class _Bert(nn.Module):
         super().__init__()
         from transformers import BertConfig, BertForSequenceClassification
 
-        config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=TOKENS + 4, num_labels=LABELS)  # fmt: skip
+        config = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=TOKENS + 4,
+            num_labels=LABELS,
+        )
         self.model = BertForSequenceClassification(config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,8 +230,9 @@ class ZooMixinModule(SpeedupMixin, ZooModule):
     def __init__(self, arch: str, lr: float | None = None) -> None:
         kind = ARCHS[arch].kind
         opt = {"name": "adamw", "lr": 1e-3} if kind == "tokens" else {"name": "sgd", "lr": 0.05, "momentum": 0.9}
-        super().__init__(arch, lr, optimizer_config=opt, scheduler_config={"name": "step", "step_size": 1,
-                                                                            "gamma": 0.5})  # fmt: skip
+        super().__init__(
+            arch, lr, optimizer_config=opt, scheduler_config={"name": "step", "step_size": 1, "gamma": 0.5}
+        )
 
 
 class ZooBoringModel(_Counted, BoringModel):
@@ -338,7 +350,8 @@ class Arch:
 
 
 def _arch_list() -> list[Arch]:
-    tv, tm = "torchvision", "timm"
+    tv = "torchvision"
+    tm = "timm"
     return [
         Arch("resnet18", "image", _tv("resnet18"), source=f"{tv} resnet18"),
         Arch("mobilenet_v3_small", "image", _tv("mobilenet_v3_small"), source=f"{tv} mobilenet_v3_small"),

@@ -23,8 +23,17 @@ import lightning_speedups as ls
 from lightning_speedups import get_technique, list_techniques
 from tests.zoo.models import ARCHS
 
-__all__ = ["EFFECTS", "EXPECTED", "TECHNIQUES", "WORKS", "Refused", "Technique", "expected", "missing_needs",
-           "param_count"]  # fmt: skip
+__all__ = [
+    "EFFECTS",
+    "EXPECTED",
+    "TECHNIQUES",
+    "WORKS",
+    "Refused",
+    "Technique",
+    "expected",
+    "missing_needs",
+    "param_count",
+]
 
 
 # ---------------------------------------------------------------------------------------------------- techniques
@@ -49,8 +58,17 @@ ZOO_KWARGS: dict[str, dict[str, Any]] = {}
 # torch.compile, even with the registry's cheap backend="eager" (dynamo capture of a train and an eval graph), costs
 # 5-20 s per CNN row on 2 cores: one row per family (the EfficientNet / MobileNet / RegNet rows add no new module
 # kind), marked slow so `-m "not slow"` leaves them out
-COMPILE_ARCHS: tuple[str, ...] | None = ("resnet18", "convnext_tiny", "vit", "swin", "timm_vit_tiny", "bert", "boring",
-                                         "lightning_transformer", "resnet18_mixin")  # fmt: skip
+COMPILE_ARCHS: tuple[str, ...] | None = (
+    "resnet18",
+    "convnext_tiny",
+    "vit",
+    "swin",
+    "timm_vit_tiny",
+    "bert",
+    "boring",
+    "lightning_transformer",
+    "resnet18_mixin",
+)
 # schedule-free optimizers on a few rows (a plain and a mixin CNN with BatchNorm, plain and mixin BERT): the switch
 # does the same on every model, so more rows would only repeat it
 SCHEDULE_FREE_ARCHS = ("resnet18", "resnet18_mixin", "bert", "bert_mixin")
@@ -96,23 +114,41 @@ def _techniques() -> dict[str, Technique]:
     techs += _registered()
     techs += [
         # mask pruning: torch.nn.utils.prune masks, clean weights in checkpoints, masks in the callback state
-        _variant("pruning_mask", "pruning", lambda: ls.Pruning(mode="unstructured", amount=0.5, start_epoch=0),
-                 "Pruning(mode='unstructured', amount=0.5, start_epoch=0)"),
+        _variant(
+            "pruning_mask",
+            "pruning",
+            lambda: ls.Pruning(mode="unstructured", amount=0.5, start_epoch=0),
+            "Pruning(mode='unstructured', amount=0.5, start_epoch=0)",
+        ),
         # structural pruning after an epoch of training: optimizer state carried over, resume prunes the dense model
-        _variant("pruning_epoch1", "pruning", lambda: ls.Pruning(amount=0.5, start_epoch=1),
-                 "Pruning(amount=0.5, start_epoch=1)"),
+        _variant(
+            "pruning_epoch1",
+            "pruning",
+            lambda: ls.Pruning(amount=0.5, start_epoch=1),
+            "Pruning(amount=0.5, start_epoch=1)",
+        ),
         # gradual unfreezing with discriminative learning rates: optimizer groups split (or built by the mixin)
-        _variant("finetune_gradual", "finetune",
-                 lambda: ls.FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False),
-                 "FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5)"),
-    ]  # fmt: skip
+        _variant(
+            "finetune_gradual",
+            "finetune",
+            lambda: ls.FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False),
+            "FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5)",
+        ),
+    ]
     # a technique that owns the LR schedule, on modules that return their optimizer alone (the column above checks
     # the refusal of modules that return a scheduler)
     fast = get_technique("fast_schedule") if "fast_schedule" in list_techniques() else None
     if fast is not None and fast.callback is not None:
-        techs.append(Technique("fast_schedule_no_sched", lambda: [fast.callback(**fast.example_kwargs)], fast.needs,
-                               note=f"{fast.callback.__name__}(...) on a module whose configure_optimizers returns "
-                               "only the optimizer", variant_of="fast_schedule", module_scheduler=False))  # fmt: skip
+        techs.append(
+            Technique(
+                "fast_schedule_no_sched",
+                lambda: [fast.callback(**fast.example_kwargs)],
+                fast.needs,
+                note=f"{fast.callback.__name__}(...) on a module whose configure_optimizers returns only the optimizer",
+                variant_of="fast_schedule",
+                module_scheduler=False,
+            )
+        )
     techs.append(Technique("quantize_for_inference", None, note="quantize_for_inference(model, inputs) (functional)"))
     techs += _combinations()
     return {t.name: t for t in techs}
@@ -140,11 +176,17 @@ def _combinations() -> list[Technique]:
         "pruning+qat": lambda: [prune(), registered("qat")],
     }
     return [
-        Technique(name, make, ("torch_pruning", "torchao"), note=" + ".join(name.split("+")), combo=True,
-                  archs=COMBO_ARCHS[:2] if name.startswith("compile") else COMBO_ARCHS,
-                  slow=name.startswith("compile"))
+        Technique(
+            name,
+            make,
+            ("torch_pruning", "torchao"),
+            note=" + ".join(name.split("+")),
+            combo=True,
+            archs=COMBO_ARCHS[:2] if name.startswith("compile") else COMBO_ARCHS,
+            slow=name.startswith("compile"),
+        )
         for name, make in combos.items()
-    ]  # fmt: skip
+    ]
 
 
 TECHNIQUES: dict[str, Technique] = _techniques()

@@ -38,8 +38,7 @@ def _needs(row: str) -> str | None:
 
 
 # (row, technique) -> why the cell fails today; strict xfail: remove an entry when its cell passes
-EXPECTED_FAIL: dict[tuple[str, str], str] = {
-}
+EXPECTED_FAIL: dict[tuple[str, str], str] = {}
 
 # a refusal of these cells must name the module that blocks the technique
 MUST_NAME = {
@@ -109,12 +108,17 @@ def test_smallest_first_orders_a_chunk_by_parameter_count(monkeypatch):
     import tools.arch_sweep_models as models
     from tools.arch_sweep import select_rows
 
-    rows = [models.Row(name, "seq", "series", lambda size: torch.nn.Identity(), name, params=n)
-            for name, n in (("big", 9_000), ("unknown", None), ("small", 10), ("mid", 500))]  # fmt: skip
+    rows = [
+        models.Row(name, "seq", "series", lambda size: torch.nn.Identity(), name, params=n)
+        for name, n in (("big", 9_000), ("unknown", None), ("small", 10), ("mid", 500))
+    ]
     monkeypatch.setattr(models, "all_rows", lambda families, cache: rows)
 
     class Args:
-        sample, families, chunk, smallest_first = False, ["seq"], "1/1", True
+        sample = False
+        families = ["seq"]
+        chunk = "1/1"
+        smallest_first = True
 
     assert [r.name for r in select_rows(Args)] == ["small", "mid", "big", "unknown"]
     Args.smallest_first = False
@@ -170,8 +174,10 @@ def test_a_timm_family_is_swept_with_its_smallest_classifier_not_an_encoder_only
     monkeypatch.setattr(timm, "list_models", lambda *a, **k: sorted(params))
     monkeypatch.setattr(models, "row_params", lambda row: params[row.name])  # a candidate's row is named as it
     chosen = {r.name: r.source for r in models.timm_rows(tmp_path / "plan.json")}
-    assert chosen == {"timm_gem": "timm gem_167m (smallest of family 'gem')",
-                      "timm_solo": "timm solo_9m_enc (smallest of family 'solo')"}  # fmt: skip
+    assert chosen == {
+        "timm_gem": "timm gem_167m (smallest of family 'gem')",
+        "timm_solo": "timm solo_9m_enc (smallest of family 'solo')",
+    }
 
 
 def test_a_timm_familys_smallest_model_is_counted_not_guessed_from_its_name(monkeypatch, tmp_path):
@@ -183,14 +189,24 @@ def test_a_timm_familys_smallest_model_is_counted_not_guessed_from_its_name(monk
     import tools.arch_sweep as sweep
     import tools.arch_sweep_models as models
 
-    params = {"aim2_1b_p14_224": 1_234_966_532, "aim2_1b_p14_336": 1_235_000_000, "aim2_3b_p14_224": 2_700_000_000,
-              "aim2_huge_p14_224": 681_000_000, "aim2_large_p14_224": 309_201_924, "cnx_atto": 3_373_324,
-              "cnx_atto_rms": 3_373_324, "cnx_femto": 5_000_000, "cnx_zepto_rms": 1_899_684}  # fmt: skip
+    params = {
+        "aim2_1b_p14_224": 1_234_966_532,
+        "aim2_1b_p14_336": 1_235_000_000,
+        "aim2_3b_p14_224": 2_700_000_000,
+        "aim2_huge_p14_224": 681_000_000,
+        "aim2_large_p14_224": 309_201_924,
+        "cnx_atto": 3_373_324,
+        "cnx_atto_rms": 3_373_324,
+        "cnx_femto": 5_000_000,
+        "cnx_zepto_rms": 1_899_684,
+    }
     monkeypatch.setattr(timm, "list_models", lambda *a, **k: sorted(params))
     monkeypatch.setattr(models, "row_params", lambda row: params[row.name])
     rows = {r.name: r for r in models.timm_rows(tmp_path / "plan.json")}
-    assert {k: r.source.split()[1] for k, r in rows.items()} == {"timm_aim": "aim2_large_p14_224",
-                                                                  "timm_cnx": "cnx_zepto_rms"}  # fmt: skip
+    assert {k: r.source.split()[1] for k, r in rows.items()} == {
+        "timm_aim": "aim2_large_p14_224",
+        "timm_cnx": "cnx_zepto_rms",
+    }
     former = {"row": "timm_aim", "tech": "ema", "outcome": "works", "source": "timm aim2_1b_p14_224 (smallest ...)"}
     assert sweep._redo(former, [], rows["timm_aim"])
     assert not sweep._redo({**former, "source": rows["timm_aim"].source}, [], rows["timm_aim"])
@@ -218,8 +234,14 @@ def test_the_checks_run_without_the_trained_runs_gradients_and_optimizer_state()
 
     model = Tiny()
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
-    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer = L.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(model, data)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     assert trainer.optimizers[0].state and model.net.weight.grad is not None  # what a fit leaves behind
@@ -239,11 +261,14 @@ def test_a_worker_killed_at_its_cell_limit_leaves_no_scratch_behind(tmp_path):
 
     from tools.arch_sweep import SCRATCH_ENV, _watch_worker
 
-    progress, seen = tmp_path / "progress", tmp_path / "scratch_was"
+    progress = tmp_path / "progress"
+    seen = tmp_path / "scratch_was"
     progress.write_text(json.dumps({"tech": "baseline", "start": time.time()}))
-    script = (f"import os, pathlib, time; s = pathlib.Path(os.environ[{SCRATCH_ENV!r}]); "
-              f"(s / 'epoch=0.ckpt').write_bytes(b'0' * 1024); pathlib.Path({str(seen)!r}).write_text(str(s)); "
-              f"time.sleep(60)")  # fmt: skip
+    script = (
+        f"import os, pathlib, time; s = pathlib.Path(os.environ[{SCRATCH_ENV!r}]); "
+        f"(s / 'epoch=0.ckpt').write_bytes(b'0' * 1024); pathlib.Path({str(seen)!r}).write_text(str(s)); "
+        f"time.sleep(60)"
+    )
     args = argparse.Namespace(cell_timeout=2.0, max_rss_mb=0)
     with (tmp_path / "log").open("w") as logf:
         proc, killed = _watch_worker([sys.executable, "-c", script], logf, progress, args)

@@ -22,9 +22,22 @@ __all__ = [
     "trainer_kwargs",
 ]
 
-KINDS = ("image_cnn", "image_resnet", "image_convnext", "image_transformer", "image_segmentation", "image_denoising",
-         "image_localization", "transformer_lm", "transformer_cls", "transformer_mlm", "recurrent", "tabular",
-         "signal_cnn", "audio_cnn")  # fmt: skip
+KINDS = (
+    "image_cnn",
+    "image_resnet",
+    "image_convnext",
+    "image_transformer",
+    "image_segmentation",
+    "image_denoising",
+    "image_localization",
+    "transformer_lm",
+    "transformer_cls",
+    "transformer_mlm",
+    "recurrent",
+    "tabular",
+    "signal_cnn",
+    "audio_cnn",
+)
 SPLITS = ("dev", "held_out")
 MODES = ("max", "min")
 

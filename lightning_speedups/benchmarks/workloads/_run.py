@@ -23,7 +23,8 @@ class TargetClock(L.Callback):
     """
 
     def __init__(self, workload: Workload, stop_at_target: bool = False) -> None:
-        self.workload, self.stop_at_target = workload, stop_at_target
+        self.workload = workload
+        self.stop_at_target = stop_at_target
         self.curve: list[tuple[float, int, float]] = []  # (train seconds, global step, metric)
         self.cpu_curve: list[float] = []  # process CPU seconds of training at each point of ``curve``
         self.train_s = self.cpu_s = 0.0
@@ -51,7 +52,8 @@ class TargetClock(L.Callback):
             self.cpu_curve.append(self.cpu_s)
             if self.stop_at_target and self.workload.reached(float(value)):
                 trainer.should_stop = True
-        self._t0, self._c0 = time.perf_counter(), time.process_time()
+        self._t0 = time.perf_counter()
+        self._c0 = time.process_time()
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -54,7 +54,8 @@ def stdlib_corpus(max_bytes: int = 3_000_000) -> tuple[tuple[str, bytes], ...]:
     root = _root()
     total = sum((root / rel).stat().st_size for rel in files)
     stride = max(1, math.ceil(total / max_bytes))
-    out, size = [], 0
+    out = []
+    size = 0
     for rel in files[::stride]:
         data = read_source(rel)
         if size + len(data) > max_bytes:

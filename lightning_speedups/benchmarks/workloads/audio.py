@@ -37,11 +37,14 @@ SAMPLE_RATE = 4000
 CLIP = 3000  # samples: 0.75 s
 VOWELS = {"a": (700.0, 1200.0), "e": (450.0, 1800.0), "i": (300.0, 1900.0), "o": (500.0, 900.0)}  # formants, Hz
 KEYWORDS = ("aei", "aie", "eai", "eia", "iae", "oai", "aoe", "eoi")  # every pair of keywords shares vowels
-N_FFT, HOP, MELS = 256, 64, 40
+N_FFT = 256
+HOP = 64
+MELS = 40
 
 
-def _formant_tracks(labels: torch.Tensor, g: torch.Generator, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                         torch.Tensor]:  # fmt: skip
+def _formant_tracks(
+    labels: torch.Tensor, g: torch.Generator, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample and time step: the two formant frequencies (scaled by the speaker's vocal tract, 0.8-1.2) and the
     voice's envelope (0 outside the word)."""
     n = len(labels)
@@ -93,7 +96,9 @@ def mel_filterbank(n_fft: int = N_FFT, mels: int = MELS, sample_rate: int = SAMP
 
     edges = 700.0 * (10 ** (torch.linspace(0.0, float(mel(torch.tensor(sample_rate / 2))), mels + 2) / 2595.0) - 1)
     freqs = torch.linspace(0, sample_rate / 2, n_fft // 2 + 1).unsqueeze(1)
-    lo, mid, hi = edges[:-2], edges[1:-1], edges[2:]
+    lo = edges[:-2]
+    mid = edges[1:-1]
+    hi = edges[2:]
     return ((freqs - lo) / (mid - lo)).clamp(0, 1).minimum(((hi - freqs) / (hi - mid)).clamp(0, 1))
 
 
@@ -111,8 +116,12 @@ class KeywordClips(Dataset):
     of std ``jitter``, as speech pipelines augment."""
 
     def __init__(self, waves: torch.Tensor, labels: torch.Tensor, train: bool, jitter: float = 0.1) -> None:
-        self.waves, self.labels, self.train, self.jitter = waves, labels, train, jitter
-        self.bank, self.window = mel_filterbank(), torch.hann_window(N_FFT)
+        self.waves = waves
+        self.labels = labels
+        self.train = train
+        self.jitter = jitter
+        self.bank = mel_filterbank()
+        self.window = torch.hann_window(N_FFT)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -129,16 +138,28 @@ class KeywordClips(Dataset):
 class KeywordDataModule(L.LightningDataModule):
     """:func:`draw_keywords` for training and validation (another seed)."""
 
-    def __init__(self, n_train: int = 5000, n_val: int = 1000, batch_size: int = 64, seed: int = 0,
-                 noise: float = 0.6, babble: float = 0.6) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n_train: int = 5000,
+        n_val: int = 1000,
+        batch_size: int = 64,
+        seed: int = 0,
+        noise: float = 0.6,
+        babble: float = 0.6,
+    ) -> None:
         super().__init__()
-        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
-        self.noise, self.babble = noise, babble
+        self.n_train = n_train
+        self.n_val = n_val
+        self.batch_size = batch_size
+        self.seed = seed
+        self.noise = noise
+        self.babble = babble
 
     def setup(self, stage: str | None = None) -> None:
         train = draw_keywords(self.n_train, self.seed + 70_000, self.noise, self.babble)
         val = draw_keywords(self.n_val, self.seed + 80_000, self.noise, self.babble)
-        self.train_set, self.val_set = KeywordClips(*train, train=True), KeywordClips(*val, train=False)
+        self.train_set = KeywordClips(*train, train=True)
+        self.val_set = KeywordClips(*val, train=False)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
@@ -154,8 +175,13 @@ class KeywordSpotter(ImageClassifier):
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
         steps = max(1, int(self.trainer.estimated_stepping_batches))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(
-            optimizer, T_max=steps), "interval": "step"}}  # fmt: skip
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps),
+                "interval": "step",
+            },
+        }
 
 
 def keyword_cnn(num_classes: int = len(KEYWORDS), width: int = 24) -> nn.Sequential:
@@ -163,12 +189,17 @@ def keyword_cnn(num_classes: int = len(KEYWORDS), width: int = 24) -> nn.Sequent
     block = conv_bn_relu
     w = width
     return nn.Sequential(
-        *block(1, w), nn.MaxPool2d(2),
-        *block(w, 2 * w), nn.MaxPool2d(2),
-        *block(2 * w, 4 * w), nn.MaxPool2d(2),
-        *block(4 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        *block(1, w),
+        nn.MaxPool2d(2),
+        *block(w, 2 * w),
+        nn.MaxPool2d(2),
+        *block(2 * w, 4 * w),
+        nn.MaxPool2d(2),
+        *block(4 * w, 4 * w),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
         nn.Linear(4 * w, num_classes),
-    )  # fmt: skip
+    )
 
 
 def _build_keywords(seed: int, small: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:

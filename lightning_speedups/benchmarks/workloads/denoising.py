@@ -53,7 +53,8 @@ class DenoisingModule(L.LightningModule):
 
     def __init__(self, net: nn.Module, lr: float = 1e-3) -> None:
         super().__init__()
-        self.net, self.lr = net, lr
+        self.net = net
+        self.lr = lr
 
     def forward(self, noisy: torch.Tensor) -> torch.Tensor:
         return noisy - self.net(noisy)
@@ -79,9 +80,16 @@ class _NoisyCrops(Dataset):
     (the global RNG, as a user's dataset draws it). Returns ``(noisy, clean)``."""
 
     def __init__(self, images: torch.Tensor, size: int, sigma: float) -> None:
-        self.images, self.sigma = images, sigma
-        self.transform = v2.Compose([v2.RandomCrop(size), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(),
-                                     v2.ToDtype(torch.float32, scale=True)])  # fmt: skip
+        self.images = images
+        self.sigma = sigma
+        self.transform = v2.Compose(
+            [
+                v2.RandomCrop(size),
+                v2.RandomHorizontalFlip(),
+                v2.RandomVerticalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+            ]
+        )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -96,11 +104,22 @@ class DenoiseDataModule(L.LightningDataModule):
     their own) drawn at ``size + 8`` px; training crops ``size`` px with flips and fresh noise of standard deviation
     ``sigma`` per sample; validation the centre crops with one fixed noise draw (seeded)."""
 
-    def __init__(self, n_train: int = 4096, n_val: int = 512, batch_size: int = 32, size: int = 32,
-                 sigma: float = 0.1, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n_train: int = 4096,
+        n_val: int = 512,
+        batch_size: int = 32,
+        size: int = 32,
+        sigma: float = 0.1,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
-        self.n_train, self.n_val, self.batch_size, self.size = n_train, n_val, batch_size, size
-        self.sigma, self.seed = sigma, seed
+        self.n_train = n_train
+        self.n_val = n_val
+        self.batch_size = batch_size
+        self.size = size
+        self.sigma = sigma
+        self.seed = seed
 
     def setup(self, stage: str | None = None) -> None:
         images, _ = draw_scenes(self.n_train, self.seed + 20_000, self.size + 8, noise=0.0)

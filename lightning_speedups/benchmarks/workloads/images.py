@@ -32,7 +32,9 @@ class ImageClassifier(L.LightningModule):
 
     def __init__(self, net: nn.Module, num_classes: int = 10, lr: float = 1e-3, weight_decay: float = 0.0) -> None:
         super().__init__()
-        self.net, self.lr, self.weight_decay = net, lr, weight_decay
+        self.net = net
+        self.lr = lr
+        self.weight_decay = weight_decay
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,11 +69,17 @@ def small_cnn(num_classes: int = 10, in_channels: int = 3, width: int = 32) -> n
     block = conv_bn_relu
     w = width
     return nn.Sequential(
-        *block(in_channels, w), *block(w, w), nn.MaxPool2d(2),
-        *block(w, 2 * w), *block(2 * w, 2 * w), nn.MaxPool2d(2),
-        *block(2 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        *block(in_channels, w),
+        *block(w, w),
+        nn.MaxPool2d(2),
+        *block(w, 2 * w),
+        *block(2 * w, 2 * w),
+        nn.MaxPool2d(2),
+        *block(2 * w, 4 * w),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
         nn.Linear(4 * w, num_classes),
-    )  # fmt: skip
+    )
 
 
 def _build_digits(seed: int, small: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:
@@ -114,7 +122,8 @@ def draw_textures(n: int, seed: int, size: int = 32, noise: float = 0.25) -> tup
     """
     g = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, 10, (n,), generator=g)
-    texture, palette = labels % 5, labels // 5
+    texture = labels % 5
+    palette = labels // 5
 
     def rnd(*shape: int) -> torch.Tensor:
         return torch.rand(n, *shape, generator=g)
@@ -128,8 +137,10 @@ def draw_textures(n: int, seed: int, size: int = 32, noise: float = 0.25) -> tup
     bg_kind = torch.randint(0, 5, (n, 1, 1), generator=g)
     bg_tex = _texture(bg_kind, xx, yy, (4.0 + 8.0 * rnd(1, 1)), rnd(1, 1) * math.pi)
     # elliptical object at a random place and scale
-    cx, cy = (rnd(1, 1) - 0.5) * 0.8, (rnd(1, 1) - 0.5) * 0.8
-    rx, ry = 0.45 + 0.4 * rnd(1, 1), 0.45 + 0.4 * rnd(1, 1)
+    cx = (rnd(1, 1) - 0.5) * 0.8
+    cy = (rnd(1, 1) - 0.5) * 0.8
+    rx = 0.45 + 0.4 * rnd(1, 1)
+    ry = 0.45 + 0.4 * rnd(1, 1)
     mask = ((((xx - cx) / rx) ** 2 + ((yy - cy) / ry) ** 2) < 1.0).float().unsqueeze(1)
     fg_col = (_PALETTES[palette] + 0.3 * (rnd(3) - 0.5)).clamp(0, 1).view(n, 3, 1, 1)
     bg_col = rnd(3).view(n, 3, 1, 1)
@@ -144,7 +155,10 @@ class TexturesDataModule(L.LightningDataModule):
 
     def __init__(self, n_train: int = 10_000, n_val: int = 2_000, batch_size: int = 128, seed: int = 0) -> None:
         super().__init__()
-        self.n_train, self.n_val, self.batch_size, self.seed = n_train, n_val, batch_size, seed
+        self.n_train = n_train
+        self.n_val = n_val
+        self.batch_size = batch_size
+        self.seed = seed
         self.num_classes = 10
 
     def setup(self, stage: str | None = None) -> None:
@@ -185,8 +199,9 @@ def _build_vit(seed: int, small: bool = False) -> tuple[L.LightningModule, L.Lig
     torch.manual_seed(seed)
     n_train, n_val = (256, 128) if small else (4096, 1024)
     dm = ShapesDataModule(n_train=n_train, n_val=n_val, batch_size=64, seed=seed, noise=0.3)
-    net = VisionTransformer(image_size=32, patch_size=4, num_layers=4, num_heads=4, hidden_dim=128, mlp_dim=256,
-                            num_classes=10)  # fmt: skip
+    net = VisionTransformer(
+        image_size=32, patch_size=4, num_layers=4, num_heads=4, hidden_dim=128, mlp_dim=256, num_classes=10
+    )
     return ImageClassifier(net, lr=1e-3, weight_decay=0.05), dm
 
 

@@ -33,7 +33,8 @@ def mask_boxes(masks: torch.Tensor) -> torch.Tensor:
 
 def box_iou_pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The IoU of each box in ``a`` with the box at the same row of ``b`` (both ``(n, 4)``, x1 y1 x2 y2)."""
-    lt, rb = torch.maximum(a[:, :2], b[:, :2]), torch.minimum(a[:, 2:], b[:, 2:])
+    lt = torch.maximum(a[:, :2], b[:, :2])
+    rb = torch.minimum(a[:, 2:], b[:, 2:])
     inter = (rb - lt).clamp_min(0).prod(dim=1)
     area = (a[:, 2:] - a[:, :2]).clamp_min(0).prod(dim=1) + (b[:, 2:] - b[:, :2]).clamp_min(0).prod(dim=1)
     return inter / (area - inter).clamp_min(1e-9)
@@ -44,7 +45,9 @@ class _BoxScenes(Dataset):
     [0, 1] by the output size."""
 
     def __init__(self, images: torch.Tensor, boxes: torch.Tensor, transform: v2.Transform) -> None:
-        self.images, self.boxes, self.transform = images, boxes, transform
+        self.images = images
+        self.boxes = boxes
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.images)
@@ -62,15 +65,26 @@ class BoxDataModule(L.LightningDataModule):
     """:func:`~lightning_speedups.benchmarks.workloads.segmentation.draw_scenes` with the box around both objects as
     the target; training takes a random resized crop (scale 0.6-1, boxes clamped to it) and a horizontal flip."""
 
-    def __init__(self, n_train: int = 4096, n_val: int = 512, batch_size: int = 32, size: int = 64,
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, n_train: int = 4096, n_val: int = 512, batch_size: int = 32, size: int = 64, seed: int = 0
+    ) -> None:
         super().__init__()
-        self.n_train, self.n_val, self.batch_size, self.size, self.seed = n_train, n_val, batch_size, size, seed
+        self.n_train = n_train
+        self.n_val = n_val
+        self.batch_size = batch_size
+        self.size = size
+        self.seed = seed
 
     def setup(self, stage: str | None = None) -> None:
         norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
-        train_tf = v2.Compose([v2.RandomResizedCrop(self.size, scale=(0.6, 1.0), antialias=True),
-                               v2.RandomHorizontalFlip(), v2.ClampBoundingBoxes(), *norm])  # fmt: skip
+        train_tf = v2.Compose(
+            [
+                v2.RandomResizedCrop(self.size, scale=(0.6, 1.0), antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.ClampBoundingBoxes(),
+                *norm,
+            ]
+        )
         images, masks = draw_scenes(self.n_train, self.seed + 50_000, self.size)
         self.train_set = _BoxScenes(images, mask_boxes(masks), train_tf)
         images, masks = draw_scenes(self.n_val, self.seed + 60_000, self.size)
@@ -89,8 +103,14 @@ class BoxCNN(nn.Sequential):
 
     def __init__(self, width: int = 24, size: int = 64) -> None:
         chans = [3] + [width * 2**i for i in range(4)]
-        stages = [nn.Sequential(nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1, bias=False),
-                                nn.BatchNorm2d(chans[i + 1]), nn.ReLU(inplace=True)) for i in range(4)]  # fmt: skip
+        stages = [
+            nn.Sequential(
+                nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(chans[i + 1]),
+                nn.ReLU(inplace=True),
+            )
+            for i in range(4)
+        ]
         super().__init__(*stages, nn.Flatten(), nn.Linear(chans[-1] * (size // 16) ** 2, 4))
 
 
@@ -100,7 +120,9 @@ class BoxRegressor(L.LightningModule):
 
     def __init__(self, net: nn.Module, lr: float = 1e-3, weight_decay: float = 1e-4) -> None:
         super().__init__()
-        self.net, self.lr, self.weight_decay = net, lr, weight_decay
+        self.net = net
+        self.lr = lr
+        self.weight_decay = weight_decay
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.net(x))

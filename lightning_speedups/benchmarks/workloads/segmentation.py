@@ -46,7 +46,8 @@ def _objects(n: int, size: int, g: torch.Generator) -> tuple[torch.Tensor, torch
     triangle = (v.abs() < ry) & (u.abs() < rx * (v + ry) / (2.0 * ry))  # apex at v = -ry, base at v = ry
     mask = torch.where(outline == 0, ellipse, torch.where(outline == 1, rectangle, triangle))
     period = (5.0 + 3.0 * torch.rand(n, 1, 1, generator=g)) * 2.0 / size  # 5-8 pixels
-    su, sv = torch.sin(math.pi * u / period) > 0, torch.sin(math.pi * v / period) > 0
+    su = torch.sin(math.pi * u / period) > 0
+    sv = torch.sin(math.pi * v / period) > 0
     fill = torch.where(cls == 2, su.float(), torch.where(cls == 3, (su ^ sv).float(), torch.ones_like(u)))
     return cls, mask, fill
 
@@ -60,7 +61,8 @@ def draw_scenes(n: int, seed: int, size: int = 64, noise: float = 0.15) -> tuple
     g = torch.Generator().manual_seed(seed)
     coords = torch.linspace(-1.0, 1.0, size)
     yy, xx = torch.meshgrid(coords, coords, indexing="ij")
-    a, b = torch.rand(n, 3, 1, 1, generator=g), torch.rand(n, 3, 1, 1, generator=g)
+    a = torch.rand(n, 3, 1, 1, generator=g)
+    b = torch.rand(n, 3, 1, 1, generator=g)
     tilt = torch.rand(n, 1, 1, 1, generator=g) * math.pi
     ramp = 0.5 + 0.5 * (xx * torch.cos(tilt) + yy * torch.sin(tilt)) / math.sqrt(2.0)
     freq = 4.0 + 8.0 * torch.rand(n, 1, 1, 1, generator=g)
@@ -69,7 +71,8 @@ def draw_scenes(n: int, seed: int, size: int = 64, noise: float = 0.15) -> tuple
     masks = torch.zeros(n, size, size, dtype=torch.uint8)
     for _ in range(2):
         cls, shape, fill = _objects(n, size, g)
-        light, dark = torch.rand(n, 3, 1, 1, generator=g), torch.rand(n, 3, 1, 1, generator=g) * 0.5
+        light = torch.rand(n, 3, 1, 1, generator=g)
+        dark = torch.rand(n, 3, 1, 1, generator=g) * 0.5
         colour = dark + (light - dark) * fill.unsqueeze(1)
         img = torch.where(shape.unsqueeze(1), colour, img)
         masks = torch.where(shape, cls.to(torch.uint8), masks)
@@ -81,7 +84,9 @@ class _SceneDataset(Dataset):
     """Per-sample v2 transforms over an image and its mask together (the mask follows every crop and flip)."""
 
     def __init__(self, images: torch.Tensor, masks: torch.Tensor, transform: v2.Transform) -> None:
-        self.images, self.masks, self.transform = images, masks, transform
+        self.images = images
+        self.masks = masks
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.images)
@@ -95,16 +100,22 @@ class ScenesDataModule(L.LightningDataModule):
     """:func:`draw_scenes` with segmentation-style per-sample augmentation: a random resized crop and a flip applied
     to the image and its mask, then ``ToDtype`` and ``Normalize`` on the image only."""
 
-    def __init__(self, n_train: int = 4096, n_val: int = 512, batch_size: int = 32, size: int = 64,
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, n_train: int = 4096, n_val: int = 512, batch_size: int = 32, size: int = 64, seed: int = 0
+    ) -> None:
         super().__init__()
-        self.n_train, self.n_val, self.batch_size, self.size, self.seed = n_train, n_val, batch_size, size, seed
+        self.n_train = n_train
+        self.n_val = n_val
+        self.batch_size = batch_size
+        self.size = size
+        self.seed = seed
         self.num_classes = len(SCENE_CLASSES)
 
     def setup(self, stage: str | None = None) -> None:
         norm = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
-        train_tf = v2.Compose([v2.RandomResizedCrop(self.size, scale=(0.5, 1.0), antialias=True),
-                               v2.RandomHorizontalFlip(), *norm])  # fmt: skip
+        train_tf = v2.Compose(
+            [v2.RandomResizedCrop(self.size, scale=(0.5, 1.0), antialias=True), v2.RandomHorizontalFlip(), *norm]
+        )
         self.train_set = _SceneDataset(*draw_scenes(self.n_train, self.seed, self.size), train_tf)
         self.val_set = _SceneDataset(*draw_scenes(self.n_val, self.seed + 10_000, self.size), v2.Compose(norm))
 

@@ -68,7 +68,8 @@ def draw_signals(
     gain = (0.3 + 0.9 * torch.rand(n, channels, 1, generator=g)) * torch.where(
         torch.rand(n, channels, 1, generator=g) < 0.5, -1.0, 1.0
     )
-    drift_f, drift_p = torch.rand(n, channels, 1, generator=g), 2 * math.pi * torch.rand(n, channels, 1, generator=g)
+    drift_f = torch.rand(n, channels, 1, generator=g)
+    drift_p = 2 * math.pi * torch.rand(n, channels, 1, generator=g)
     drift = 0.8 * torch.sin(2 * math.pi * drift_f * t[:length] + drift_p)
     x = gain * x + drift + noise * torch.randn(n, channels, length, generator=g)
     return x.float(), labels
@@ -81,7 +82,11 @@ class SignalWindows(Dataset):
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, window: int, train: bool, jitter: float = 0.2) -> None:
-        self.x, self.y, self.window, self.train, self.jitter = x, y, window, train, jitter
+        self.x = x
+        self.y = y
+        self.window = window
+        self.train = train
+        self.jitter = jitter
 
     def __len__(self) -> int:
         return len(self.y)
@@ -100,12 +105,21 @@ class SignalDataModule(L.LightningDataModule):
     """:func:`draw_signals` for training and validation (another seed), windows of ``window`` samples."""
 
     def __init__(
-        self, n_train: int = 8000, n_val: int = 2000, batch_size: int = 64, window: int = 384, seed: int = 0,
+        self,
+        n_train: int = 8000,
+        n_val: int = 2000,
+        batch_size: int = 64,
+        window: int = 384,
+        seed: int = 0,
         noise: float = 0.6,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
-        self.n_train, self.n_val, self.batch_size, self.window = n_train, n_val, batch_size, window
-        self.seed, self.noise = seed, noise
+        self.n_train = n_train
+        self.n_val = n_val
+        self.batch_size = batch_size
+        self.window = window
+        self.seed = seed
+        self.noise = noise
 
     def setup(self, stage: str | None = None) -> None:
         x, y = draw_signals(self.n_train, self.seed, noise=self.noise)
@@ -128,12 +142,17 @@ def signal_cnn(in_channels: int = 3, num_classes: int = NUM_CLASSES, width: int 
 
     w = width
     return nn.Sequential(
-        *block(in_channels, w), nn.MaxPool1d(2),
-        *block(w, w), nn.MaxPool1d(2),
-        *block(w, 2 * w), nn.MaxPool1d(2),
-        *block(2 * w, 2 * w), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+        *block(in_channels, w),
+        nn.MaxPool1d(2),
+        *block(w, w),
+        nn.MaxPool1d(2),
+        *block(w, 2 * w),
+        nn.MaxPool1d(2),
+        *block(2 * w, 2 * w),
+        nn.AdaptiveAvgPool1d(1),
+        nn.Flatten(),
         nn.Linear(2 * w, num_classes),
-    )  # fmt: skip
+    )
 
 
 def _build_signal(seed: int, small: bool = False) -> tuple[L.LightningModule, L.LightningDataModule]:

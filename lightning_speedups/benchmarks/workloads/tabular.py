@@ -23,7 +23,10 @@ class StandardizedRows(Dataset):
     """Feature rows standardised per sample with given ``mean`` and ``std``; items are ``(features, label)``."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> None:
-        self.x, self.y, self.mean, self.std = x, y, mean, std
+        self.x = x
+        self.y = y
+        self.mean = mean
+        self.std = std
 
     def __len__(self) -> int:
         return len(self.y)
@@ -39,7 +42,10 @@ class TabularDataModule(L.LightningDataModule):
         self, batch_size: int = 16, val_fraction: float = 0.3, seed: int = 0, limit: int | None = None
     ) -> None:
         super().__init__()
-        self.batch_size, self.val_fraction, self.seed, self.limit = batch_size, val_fraction, seed, limit
+        self.batch_size = batch_size
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.limit = limit
 
     def setup(self, stage: str | None = None) -> None:
         datasets = require("sklearn.datasets", "demo", "The tabular workload")
@@ -50,8 +56,10 @@ class TabularDataModule(L.LightningDataModule):
         if self.limit is not None:
             perm = perm[: self.limit]
         n_val = int(round(len(perm) * self.val_fraction))
-        val_idx, train_idx = perm[:n_val], perm[n_val:]
-        mean, std = x[train_idx].mean(0), x[train_idx].std(0).clamp(min=1e-6)
+        val_idx = perm[:n_val]
+        train_idx = perm[n_val:]
+        mean = x[train_idx].mean(0)
+        std = x[train_idx].std(0).clamp(min=1e-6)
         self.train_set = StandardizedRows(x[train_idx], y[train_idx], mean, std)
         self.val_set = StandardizedRows(x[val_idx], y[val_idx], mean, std)
 

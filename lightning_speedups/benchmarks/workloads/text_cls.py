@@ -69,12 +69,19 @@ class PackageDataModule(L.LightningDataModule):
     """
 
     def __init__(
-        self, batch_size: int = 64, max_len: int = 128, max_per_class: int = 2000, val_every: int = 4,
+        self,
+        batch_size: int = 64,
+        max_len: int = 128,
+        max_per_class: int = 2000,
+        val_every: int = 4,
         max_val: int = 1024,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
-        self.batch_size, self.max_len = batch_size, max_len
-        self.max_per_class, self.val_every, self.max_val = max_per_class, val_every, max_val
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.max_per_class = max_per_class
+        self.val_every = val_every
+        self.max_val = max_val
         self.packages = [p for p in PACKAGES if stdlib_package_files(p)]
         self.num_classes = len(self.packages)
 
@@ -91,7 +98,8 @@ class PackageDataModule(L.LightningDataModule):
                     train += paras[: self.max_per_class - kept]
                     kept += len(paras[: self.max_per_class - kept])
         stride = max(1, len(val) // self.max_val)  # every k-th, so all held-out files stay represented
-        self.train_set, self.val_set = PackageSnippets(train), PackageSnippets(val[::stride][: self.max_val])
+        self.train_set = PackageSnippets(train)
+        self.val_set = PackageSnippets(val[::stride][: self.max_val])
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, self.batch_size, shuffle=True, collate_fn=self.train_set.collate)
@@ -111,7 +119,8 @@ class SnippetClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         self.lr = lr
-        self.tok, self.pos = nn.Embedding(257, d, padding_idx=PAD), nn.Embedding(max_len, d)
+        self.tok = nn.Embedding(257, d, padding_idx=PAD)
+        self.pos = nn.Embedding(max_len, d)
         layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d, num_classes)

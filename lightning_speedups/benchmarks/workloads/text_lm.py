@@ -25,7 +25,8 @@ class _Windows(Dataset):
     """Non-overlapping ``block + 1`` byte windows of one long byte string; each item is ``(input, target)``."""
 
     def __init__(self, data: bytes, block: int) -> None:
-        self.data, self.block = torch.frombuffer(bytearray(data), dtype=torch.uint8), block
+        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self.block = block
 
     def __len__(self) -> int:
         return (len(self.data) - 1) // self.block
@@ -47,12 +48,19 @@ class ByteLMDataModule(L.LightningDataModule):
     """
 
     def __init__(
-        self, block: int = 128, batch_size: int = 32, max_bytes: int = 3_000_000, val_every: int = 10,
+        self,
+        block: int = 128,
+        batch_size: int = 32,
+        max_bytes: int = 3_000_000,
+        val_every: int = 10,
         val_windows: int = 256,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
-        self.block, self.batch_size, self.max_bytes = block, batch_size, max_bytes
-        self.val_every, self.val_windows = val_every, val_windows
+        self.block = block
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.val_every = val_every
+        self.val_windows = val_windows
 
     def setup(self, stage: str | None = None) -> None:
         files = stdlib_corpus(self.max_bytes)
@@ -74,7 +82,8 @@ class _LMBase(L.LightningModule):
 
     def __init__(self, lr: float, weight_decay: float) -> None:
         super().__init__()
-        self.lr, self.weight_decay = lr, weight_decay
+        self.lr = lr
+        self.weight_decay = weight_decay
 
     def _loss(self, batch: Any) -> torch.Tensor:
         x, y = batch
@@ -99,8 +108,10 @@ class CausalBlock(nn.Module):
     def __init__(self, d: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln1 = nn.LayerNorm(d)
+        self.ln2 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,13 +128,20 @@ class ByteGPT(_LMBase):
     """A byte-level GPT: token + learned position embeddings, ``layers`` blocks, tied output head."""
 
     def __init__(
-        self, layers: int = 4, d: int = 128, heads: int = 4, block: int = 128, lr: float = 1e-3,
+        self,
+        layers: int = 4,
+        d: int = 128,
+        heads: int = 4,
+        block: int = 128,
+        lr: float = 1e-3,
         weight_decay: float = 0.1,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(lr, weight_decay)
-        self.tok, self.pos = nn.Embedding(256, d), nn.Embedding(block, d)
+        self.tok = nn.Embedding(256, d)
+        self.pos = nn.Embedding(block, d)
         self.blocks = nn.Sequential(*(CausalBlock(d, heads) for _ in range(layers)))
-        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, 256, bias=False)
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 256, bias=False)
         self.head.weight = self.tok.weight  # weight tying, as GPT-2 does
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

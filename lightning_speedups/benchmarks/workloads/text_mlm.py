@@ -26,7 +26,10 @@ from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs, std
 
 __all__ = ["MaskedParagraphs", "ParagraphMLMDataModule", "HFMaskedLM", "mask_tokens"]
 
-PAD, CLS, SEP, MASK = 0, 1, 2, 3
+PAD = 0
+CLS = 1
+SEP = 2
+MASK = 3
 SPECIAL = 4  # byte b is token b + SPECIAL
 VOCAB = 256 + SPECIAL
 IGNORE = -100  # the label Hugging Face's loss skips
@@ -104,12 +107,19 @@ class ParagraphMLMDataModule(L.LightningDataModule):
     """
 
     def __init__(
-        self, batch_size: int = 32, max_len: int = 128, max_bytes: int = 3_000_000, val_every: int = 10,
+        self,
+        batch_size: int = 32,
+        max_len: int = 128,
+        max_bytes: int = 3_000_000,
+        val_every: int = 10,
         max_val: int = 256,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
-        self.batch_size, self.max_len, self.max_bytes = batch_size, max_len, max_bytes
-        self.val_every, self.max_val = val_every, max_val
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.max_bytes = max_bytes
+        self.val_every = val_every
+        self.max_val = max_val
 
     def setup(self, stage: str | None = None) -> None:
         train: list[bytes] = []
@@ -121,8 +131,9 @@ class ParagraphMLMDataModule(L.LightningDataModule):
         self.val_set = MaskedParagraphs(val[::stride][: self.max_val], fixed_masks_seed=1234)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, self.batch_size, shuffle=True, drop_last=True,
-                          collate_fn=self.train_set.collate)  # fmt: skip
+        return DataLoader(
+            self.train_set, self.batch_size, shuffle=True, drop_last=True, collate_fn=self.train_set.collate
+        )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, 128, collate_fn=self.val_set.collate)
@@ -141,17 +152,28 @@ class HFMaskedLM(L.LightningModule):
     """
 
     def __init__(
-        self, hidden: int = 128, layers: int = 2, heads: int = 4, max_len: int = 128, lr: float = 1e-3,
+        self,
+        hidden: int = 128,
+        layers: int = 2,
+        heads: int = 4,
+        max_len: int = 128,
+        lr: float = 1e-3,
         warmup: float = 0.06,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         transformers = require("transformers", "zoo", "The masked-LM workload")
         config = transformers.BertConfig(
-            vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-            intermediate_size=4 * hidden, max_position_embeddings=max_len + 2, pad_token_id=PAD,
-        )  # fmt: skip
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+            max_position_embeddings=max_len + 2,
+            pad_token_id=PAD,
+        )
         self.model = transformers.BertForMaskedLM(config)
-        self.lr, self.warmup = lr, warmup
+        self.lr = lr
+        self.warmup = warmup
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss = self.model(**batch).loss

@@ -51,7 +51,8 @@ COMPILE_PROBE_SHARE = 0.05
 def _compile_probe_too_costly(m: Measurements) -> str | None:
     """Why the automatic probe skips a run: its expected compile is more than :data:`COMPILE_PROBE_SHARE` of the
     planned run's compute (``None``: probe; also when the run length or the step time is unknown)."""
-    planned, compute_s = m.planned_steps, m.compute_s
+    planned = m.planned_steps
+    compute_s = m.compute_s
     if planned is None or not compute_s:
         return None
     run_s = planned * compute_s
@@ -142,8 +143,11 @@ class SpeedAdvisor(Callback):
             raise SpeedupConfigError(
                 f"`thresholds`={thresholds!r} is not supported. Allowed values: AdvisorThresholds, dict or None."
             )
-        self.warmup_steps, self.window_steps = warmup_steps, window_steps
-        self.apply, self.measure_effects, self.verbose = bool(apply), bool(measure_effects), bool(verbose)
+        self.warmup_steps = warmup_steps
+        self.window_steps = window_steps
+        self.apply = bool(apply)
+        self.measure_effects = bool(measure_effects)
+        self.verbose = bool(verbose)
         self.thresholds = thresholds or AdvisorThresholds()
         self.report: AdvisorReport | None = None
         self.hook_calls = 0  # every training-batch hook call (cheap counter)
@@ -312,7 +316,8 @@ class SpeedAdvisor(Callback):
             self._flop_counter = None
 
     def _stop_flop_count(self) -> None:
-        fc, self._flop_counter = self._flop_counter, None
+        fc = self._flop_counter
+        self._flop_counter = None
         if fc is None:
             return
         try:

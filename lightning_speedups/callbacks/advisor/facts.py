@@ -94,7 +94,8 @@ def train_dtype(precision: str) -> torch.dtype:
 def fill_peak_flops(m: Measurements, device: torch.device, notes: list[str]) -> None:
     """The device's peak FLOP/s for the run's dtype: a datasheet peak on GPUs, an estimate on CPUs (said so)."""
     est = device_peak_flops(device, train_dtype(m.precision))
-    m.peak_flops, m.peak_flops_estimated = est.flops, est.estimate and est.known
+    m.peak_flops = est.flops
+    m.peak_flops_estimated = est.estimate and est.known
     m.peak_flops_source = est.describe() if est.known else est.reason
     if not est.known:
         notes.append(f"device peak FLOP/s unknown ({est.reason}), so utilisation is not computed")
@@ -113,7 +114,8 @@ def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_pea
         m.memory_kind = "cuda"
         m.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
         free, total = torch.cuda.mem_get_info(device)
-        m.memory_total_bytes, m.memory_available_bytes = int(total), int(free)
+        m.memory_total_bytes = int(total)
+        m.memory_available_bytes = int(free)
         m.cuda_bf16_supported = bool(torch.cuda.is_bf16_supported())
         m.tf32_off = torch.cuda.get_device_capability(device) >= (8, 0) and (
             torch.get_float32_matmul_precision() == "highest"
@@ -126,7 +128,8 @@ def fill_device_facts(m: Measurements, device: torch.device, cuda: bool, rss_pea
         import psutil
 
         vm = psutil.virtual_memory()
-        m.memory_total_bytes, m.memory_available_bytes = int(vm.total), int(vm.available)
+        m.memory_total_bytes = int(vm.total)
+        m.memory_available_bytes = int(vm.available)
     except Exception:  # noqa: BLE001
         return
     group = cgroup_memory()  # a container's, a pod's or a Slurm job's memory limit, where tighter than the host's
@@ -183,7 +186,8 @@ def compile_graphs(trainer: L.Trainer, module: L.LightningModule) -> list[str]:
     try:
         validates = trainer.limit_val_batches != 0 and is_overridden("validation_step", module)
         partial = _ends_smaller(trainer.train_dataloader)
-        planned, per_epoch = planned_steps(trainer), _loader_len(trainer.train_dataloader)
+        planned = planned_steps(trainer)
+        per_epoch = _loader_len(trainer.train_dataloader)
         reaches_end = planned is None or not per_epoch or planned >= per_epoch
     except Exception:  # noqa: BLE001 - an unusual loader or trainer: count the training graph only
         return graphs
@@ -203,7 +207,8 @@ def _loader_len(loader: Any) -> int | None:
 
 def _ends_smaller(loader: Any) -> bool:
     """Whether a plain DataLoader ends its epoch on a smaller batch (``False`` for anything else)."""
-    batch_size, dataset = getattr(loader, "batch_size", None), getattr(loader, "dataset", None)
+    batch_size = getattr(loader, "batch_size", None)
+    dataset = getattr(loader, "dataset", None)
     if not isinstance(batch_size, int) or dataset is None or getattr(loader, "drop_last", False):
         return False
     try:
@@ -242,13 +247,16 @@ def measure_compile(m: Measurements, module: nn.Module, batch: Any) -> None:
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(m.precision)  # the run's autocast
     loss = functools.partial(training_step_loss, quiet=True) if lightning else None  # the copy has no Trainer
     probe = probes.compile_speedup(module, batch, loss=loss, attrs=attrs, autocast_dtype=dtype)
-    m.compile_s, m.compile_speedup, m.compile_eager_s = probe.compile_s, probe.speedup, probe.eager_step_s
+    m.compile_s = probe.compile_s
+    m.compile_speedup = probe.speedup
+    m.compile_eager_s = probe.eager_step_s
     m.compile_note = f"probe failed: {probe.error}" if probe.error else ""
 
 
 def compile_note(m: Measurements, findings: Iterable[Finding]) -> str | None:
     """Why a measured compile is not among the findings (not faster, or not paid back in the planned run)."""
-    payback, s = m.compile_payback_steps, m.compile_speedup
+    payback = m.compile_payback_steps
+    s = m.compile_speedup
     if payback is None or s is None or any(f.key == "not_compiled" for f in findings):
         return None
     head = (
@@ -274,7 +282,8 @@ def measure_effects(
             m.bf16_speedup = F.bf16_autocast_speedup(module, x)
         threads = torch.get_num_threads()
         if x is not None and small and threads >= 2:
-            m.torch_threads, m.fewer_threads = threads, max(1, threads // 2)
+            m.torch_threads = threads
+            m.fewer_threads = max(1, threads // 2)
             m.fewer_threads_speedup = F.fewer_threads_speedup(module, x, m.fewer_threads)
     if m.has_conv and not m.conv_channels_last and x is not None and x.dim() == 4 and small:
         m.channels_last_speedup = F.channels_last_speedup(module, x)

@@ -139,7 +139,8 @@ class ThroughputBatchSizeFinder(Callback):
             raise SpeedupConfigError(f"`clock`={clock!r} is invalid. Allowed values: a callable returning seconds.")
         self.clock = clock
         self.lr_scaling = _lr_scaling_argument(lr_scaling, scale_lr, keep_global_batch)
-        self.unit, self.pad_value = check_choice("unit", unit, UNITS), check_int("pad_value", pad_value, optional=True)
+        self.unit = check_choice("unit", unit, UNITS)
+        self.pad_value = check_int("pad_value", pad_value, optional=True)
         self._counter = TokenCounter(pad_value) if unit == "auto" else None
         if not isinstance(keep_global_batch, (bool, int)) or (
             not isinstance(keep_global_batch, bool) and keep_global_batch < 1
@@ -159,7 +160,8 @@ class ThroughputBatchSizeFinder(Callback):
         self.keep_global_batch = keep_global_batch
         self.attr_name = attr_name
         self.rerun_at_epochs = tuple(epochs)
-        self.progress_bar, self.verbose = progress_bar, verbose
+        self.progress_bar = progress_bar
+        self.verbose = verbose
         self.result: BatchSizeSearchResult | None = None
         self.history: list[BatchSizeSearchResult] = []
         self._restored = False

@@ -77,7 +77,8 @@ def search_on_trainer(
     schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     bar = trial_progress_bar(trainer) if progress_bar else None
-    saved_callbacks, saved_results = trainer.callbacks, None
+    saved_callbacks = trainer.callbacks
+    saved_results = None
     manual = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
     manual_state = manual.state_dict()
     try:
@@ -164,7 +165,10 @@ def run_trial(
             [-rate, float(peak), float(oom), -tok_rate, float(not counted)], device=device, dtype=torch.float64
         )
         stats = trainer.strategy.reduce(stats, reduce_op="max")
-        rate, peak, oom, tok_rate = -float(stats[0]), int(stats[1]), bool(stats[2] > 0), -float(stats[3])
+        rate = -float(stats[0])
+        peak = int(stats[1])
+        oom = bool(stats[2] > 0)
+        tok_rate = -float(stats[3])
         counted = not bool(stats[4] > 0)
         times, elapsed, tokens = trainer.strategy.broadcast((times, elapsed, tokens), src=0)
     return BatchSizeTrial(
@@ -195,7 +199,9 @@ def _timed_steps(
     ``count_tokens``, each timed batch's real tokens go to ``tokens`` (none once a batch holds no tokens)."""
     device = trainer.strategy.root_device
     iterator = iter(loader)
-    seen, spent, i = 0, 0.0, 0
+    seen = 0
+    spent = 0.0
+    i = 0
     try:
         while True:
             timed = i >= warmup

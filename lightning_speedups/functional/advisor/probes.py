@@ -256,7 +256,8 @@ def compile_speedup(
         True
     """
     try:
-        eager_model, compiled_model = model_copy(module, train=True), model_copy(module, train=True)
+        eager_model = model_copy(module, train=True)
+        compiled_model = model_copy(module, train=True)
         compile_model(compiled_model, attrs=attrs)
         steps = [
             make_train_step(m, batch, loss=loss or _sum_loss, autocast_dtype=autocast_dtype, return_loss=False)

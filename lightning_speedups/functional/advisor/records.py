@@ -53,8 +53,13 @@ class AdvisorThresholds:
             "pad_fraction",
         ):
             check_range(name, getattr(self, name), 0.0, 1.0)
-        check_range("data_wait_note", self.data_wait_note, 0.0, self.data_wait,
-                    hint=f"`data_wait_note` must not exceed `data_wait`={self.data_wait!r}.")  # fmt: skip
+        check_range(
+            "data_wait_note",
+            self.data_wait_note,
+            0.0,
+            self.data_wait,
+            hint=f"`data_wait_note` must not exceed `data_wait`={self.data_wait!r}.",
+        )
         check_int("small_batch", self.small_batch, 1)
 
 
@@ -150,13 +155,15 @@ class Measurements:
     @property
     def step_s(self) -> float | None:
         """Mean wall time per batch = compute + wait (s)."""
-        c, w = self.compute_s, self.data_wait_s
+        c = self.compute_s
+        w = self.data_wait_s
         return None if c is None else c + (w or 0.0)
 
     @property
     def data_wait_share(self) -> float:
         """Share of wall time per batch spent outside the training step."""
-        c, w = self.compute_s, self.data_wait_s
+        c = self.compute_s
+        w = self.data_wait_s
         if c is None or w is None or c + w <= 0:
             return 0.0
         return w / (c + w)
@@ -168,7 +175,8 @@ class Measurements:
     @property
     def optimizer_share(self) -> float | None:
         """Share of compute spent in the optimizer step."""
-        o, c = self._mean(self.optimizer_times), self.compute_s
+        o = self._mean(self.optimizer_times)
+        c = self.compute_s
         return None if o is None or not c else min(1.0, o / c)
 
     @property
@@ -207,7 +215,8 @@ class Measurements:
         """Seconds a compiled step saves over an eager one, negative when slower, ``None`` when not measured.
 
         It is the probe's eager step (or, without one, the run's mean compute) times ``1 - 1 / compile_speedup``."""
-        s, eager = self.compile_speedup, self.compile_eager_s or self.compute_s
+        s = self.compile_speedup
+        eager = self.compile_eager_s or self.compute_s
         if s is None or self.compile_s is None or not eager or s <= 0:
             return None
         return eager * (1.0 - 1.0 / s)
@@ -225,7 +234,8 @@ class Measurements:
         """Steps after which the run's compile time is paid back, ``compile_total_s / saving per step``.
 
         It is ``math.inf`` when the compiled step is not faster; ``None`` when compile was not measured."""
-        saving, total = self.compile_saving_s, self.compile_total_s
+        saving = self.compile_saving_s
+        total = self.compile_total_s
         if saving is None or total is None:
             return None
         return math.inf if saving <= 0 else total / saving
@@ -236,7 +246,10 @@ class Measurements:
 
         It is ``(planned x eager - compile_total_s - planned x compiled) / (planned x eager)`` with the run's mean
         compute as the eager step; ``None`` when compile was not measured or the run length is unknown."""
-        saving, n, c, total = self.compile_saving_s, self.planned_steps, self.compute_s, self.compile_total_s
+        saving = self.compile_saving_s
+        n = self.planned_steps
+        c = self.compute_s
+        total = self.compile_total_s
         if saving is None or total is None or not n or not c:
             return None
         return min(1.0, (n * saving - total) / (n * c))

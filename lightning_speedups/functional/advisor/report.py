@@ -84,7 +84,8 @@ class AdvisorReport:
 
 def _utilisation_text(s: dict[str, Any]) -> str:
     """``<utilisation>% of the <peak source>`` (an estimated CPU peak says so), or why the peak is unknown."""
-    util, source = s.get("utilisation"), s.get("peak_flops_source") or ""
+    util = s.get("utilisation")
+    source = s.get("peak_flops_source") or ""
     if util is None:
         return f"device peak unknown ({source or 'not in the table'})"
     if s.get("peak_flops_estimated"):

@@ -245,7 +245,8 @@ def channels_last(m: Measurements, th: AdvisorThresholds) -> Finding | None:
 def optimizer_not_fused(m: Measurements, th: AdvisorThresholds) -> list[Finding]:
     """Optimizers that have a fused kernel but run without it (one finding each)."""
     out: list[Finding] = []
-    compute_share, opt_share = m.compute_share, m.optimizer_share
+    compute_share = m.compute_share
+    opt_share = m.optimizer_share
     for opt in m.optimizers:
         if not opt.fused_supported or opt.fused:
             continue
@@ -327,7 +328,8 @@ def small_batch(m: Measurements, th: AdvisorThresholds) -> Finding | None:
     """A small batch on an under-used device (or on a CPU whose peak is unknown) with memory to spare.
 
     Under an estimated (CPU) peak the score stays the unknown-peak one: the estimate is too rough to raise it."""
-    util, head = m.utilisation, m.memory_headroom
+    util = m.utilisation
+    head = m.memory_headroom
     under_used = util is not None and util < th.low_utilisation
     trusted = under_used and not m.peak_flops_estimated
     if not (
@@ -390,7 +392,8 @@ MIN_COMPILE_S = 1.0
 def compile_may_pay_back(m: Measurements) -> bool:
     """Whether ``not_compiled`` can fire: a compute-bound eager model whose planned run (when known) computes for at
     least :data:`MIN_COMPILE_S` in all. ``SpeedAdvisor`` runs its compile probe only then."""
-    compute_s, planned = m.compute_s, m.planned_steps
+    compute_s = m.compute_s
+    planned = m.planned_steps
     if m.compiled or _has_callback(m, "TorchCompile") or not compute_s or m.compute_share < 0.5:
         return False
     return planned is None or planned * compute_s >= MIN_COMPILE_S
@@ -420,7 +423,8 @@ def not_compiled(m: Measurements, th: AdvisorThresholds) -> Finding | None:
     measured: a low score, below measured findings, and how to measure it."""
     if not compile_may_pay_back(m):
         return None
-    payback, s = m.compile_payback_steps, m.compile_speedup
+    payback = m.compile_payback_steps
+    s = m.compile_speedup
     if payback is None or s is None:
         return _compile_not_measured(m)
     planned = m.planned_steps
@@ -451,7 +455,8 @@ def not_compiled(m: Measurements, th: AdvisorThresholds) -> Finding | None:
 
 def _graphs_text(m: Measurements) -> str:
     """``"2 graphs (training, validation), about 9.0 s"``: what the run compiles, each graph at the measured cost."""
-    n, total = len(m.compile_graphs), m.compile_total_s or 0.0
+    n = len(m.compile_graphs)
+    total = m.compile_total_s or 0.0
     return f"{n} graph{'' if n == 1 else 's'} ({', '.join(m.compile_graphs)}), about {total:.1f} s"
 
 
@@ -512,7 +517,8 @@ def padding_waste(m: Measurements, th: AdvisorThresholds) -> Finding | None:
 def cpu_threads_contended(m: Measurements, th: AdvisorThresholds) -> Finding | None:
     """Fewer CPU threads measured faster than torch's current count: another process shares the cores, or each op is
     too small to be worth splitting."""
-    s, fewer = m.fewer_threads_speedup, m.fewer_threads
+    s = m.fewer_threads_speedup
+    fewer = m.fewer_threads
     if m.device_type != "cpu" or s is None or fewer is None or s <= 1.05:
         return None
     score = max(0.0, m.compute_share * (1.0 - 1.0 / s))

@@ -92,8 +92,10 @@ def own_memory_cgroups(
     root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"
 ) -> list[tuple[Path, str]]:
     """(directory, limit file name) of this process's own cgroup in each memory hierarchy it is in, v2 first."""
-    return [(mount / own.lstrip("/"), names[0])
-            for mount, own, names in _hierarchies(Path(root), own_cgroup_paths(proc_cgroup))]  # fmt: skip
+    return [
+        (mount / own.lstrip("/"), names[0])
+        for mount, own, names in _hierarchies(Path(root), own_cgroup_paths(proc_cgroup))
+    ]
 
 
 def cgroup_memory(

@@ -86,8 +86,10 @@ class CurveFit:
 
     def log_ratio(self, a: float, b: float) -> tuple[float, float]:
         """``log(p(a) / p(b))`` (> 0: ``b`` is faster per sample) and its standard error."""
-        pa, pb = self.per_sample(a), self.per_sample(b)
-        xa, xb = _basis(a), _basis(b)
+        pa = self.per_sample(a)
+        pb = self.per_sample(b)
+        xa = _basis(a)
+        xb = _basis(b)
         g = [xa[k] / pa - xb[k] / pb for k in self.active]
         var = sum(g[i] * self.cov[i][j] * g[j] for i in range(len(g)) for j in range(len(g)))
         return math.log(pa / pb), math.sqrt(max(var, 0.0))
@@ -169,7 +171,8 @@ def epoch_factor(epoch_samples: int | None, b: int, per_sample: Callable[[int], 
     if not n or b >= n or n % b == 0:
         return 1.0
     r = n % b
-    full, part = per_sample(b), per_sample(r)
+    full = per_sample(b)
+    part = per_sample(r)
     if not (math.isfinite(full) and math.isfinite(part)) or full <= 0:
         return 1.0
     return ((n - r) * full + r * part) / (n * full)

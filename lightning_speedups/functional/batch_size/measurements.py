@@ -43,7 +43,9 @@ class Measurements:
         config: BatchSizeSearchConfig,
         epoch_samples: int | None = None,
     ) -> None:
-        self._run, self.cfg, self.epoch_samples = run, config, epoch_samples
+        self._run = run
+        self.cfg = config
+        self.epoch_samples = epoch_samples
         self.by_size: dict[int, list[BatchSizeTrial]] = {}
         self.spent_s = 0.0
         self.extra_s = 0.0  # of spent_s: re-measurements (the climb's confirmations and the final check)

@@ -164,7 +164,8 @@ class Search(Measurements):
             return point
         sizes = sorted(sorted(good, key=self.rate, reverse=True)[: self.cfg.confirm_top])
         curve = self.fit()
-        noise, threshold = self.shortcut_noise(curve), 1.0 + self.cfg.min_gain
+        noise = self.shortcut_noise(curve)
+        threshold = 1.0 + self.cfg.min_gain
         quiet = noise is not None and all(
             abs(math.log(self.rate(b) / self.rate(sizes[0]) / threshold)) > 4.0 * math.sqrt(2.0) * noise
             for b in sizes[1:]
@@ -246,7 +247,9 @@ class Search(Measurements):
         """The final interleaved rounds: ``confirm_rounds`` first, then more (geometrically, at most three times
         ``confirm_rounds``) only while the sizes neither separate nor sit inside the indifference zone."""
         most = 3 * self.cfg.confirm_rounds
-        cap, spent = self.remeasure_left(final=True), self.spent_s  # one budget for all the final's rounds
+        # one budget for all the final's rounds
+        cap = self.remeasure_left(final=True)
+        spent = self.spent_s
         cmp = self._compare(sizes, self.cfg.confirm_rounds, final=True, budget=cap)
         while cmp is not None and not cmp.separated and not self._indifferent(cmp) and cmp.trials < most:
             left = cap - (self.spent_s - spent)

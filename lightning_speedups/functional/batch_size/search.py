@@ -179,7 +179,8 @@ def _climb(walk: _Walk, ladder: Sequence[int]) -> None:
             return
         t = walk.search.run(b)
         if not t.ok:
-            walk.stop, walk.failed_at = ("out of memory" if t.status == "oom" else "memory budget"), b
+            walk.stop = "out of memory" if t.status == "oom" else "memory budget"
+            walk.failed_at = b
             return
         if walk.config.mode == "throughput" and _plateau(walk, b, ladder[i + 1 :]):
             return
@@ -194,7 +195,8 @@ def _stop_before(walk: _Walk, b: int) -> bool:
     elif walk.trials and walk.search.time_left() <= 0:
         walk.stop = "search_time"
     elif walk.memory_budget_bytes is not None and walk.trials and walk.predicted_peak(b) > walk.memory_budget_bytes:
-        walk.stop, walk.failed_at = "memory budget (predicted)", b
+        walk.stop = "memory budget (predicted)"
+        walk.failed_at = b
     else:
         return False
     return True
@@ -209,13 +211,15 @@ def _plateau(walk: _Walk, b: int, rest: Sequence[int]) -> bool:
     if walk.best is None:
         walk.best = walk.previous = b
         return False
-    search, best = walk.search, walk.best
+    search = walk.search
+    best = walk.best
     verdict = search.judge(best, b, rest)
     from_best = walk.previous == best
     if verdict == "gain":
         ratio = search.rate(b) / max(search.rate(best), 1e-12)
         walk.rise = ratio ** (1.0 / max(math.log2(b / best), 1e-12))
-        walk.best, walk.stalls = b, 0
+        walk.best = b
+        walk.stalls = 0
     elif search.rate(b) > search.rate(best):
         walk.best = b
     if verdict in ("small", "dip"):  # "unclear" (within noise) is never a stall
@@ -248,7 +252,8 @@ def _step_back(walk: _Walk, first: int) -> None:
     while not any(t.ok for t in walk.trials):
         if b <= 1:
             raise NoBatchSizeFits(walk.trials, walk.memory_budget_bytes, walk.config.memory_budget)
-        walk.failed_at, b = b, max(1, b // 2)
+        walk.failed_at = b
+        b = max(1, b // 2)
         walk.search.run(b)
 
 
