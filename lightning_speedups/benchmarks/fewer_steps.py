@@ -315,8 +315,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["method"].startswith("step_time:")
     }
     runs_only = [r for r in rows if r.get("steps") is not None]
-    for task, no_bf16 in sorted({(r["task"], r["no_bf16"]) for r in runs_only}):
+    paths = {(r["task"], r["no_bf16"]) for r in runs_only} | {(task, no_bf16) for task, no_bf16, _ in step_s}
+    for task, no_bf16 in sorted(paths):
         task_rows = [r for r in runs_only if r["task"] == task and r["no_bf16"] == no_bf16]
+        if not task_rows:  # a path only timed: the other path's runs give the steps (`steps_from`)
+            task_rows = [{**r, "no_bf16": no_bf16} for r in runs_only if r["task"] == task]
         per: dict[str, dict[str, Any]] = {}
         for method in METHODS:
             price = step_s.get((task, no_bf16, "own" if method == "wsd" else method))
@@ -333,7 +336,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "lr_factor": factor,
                         "steps": _median(steps),
                         "time_s": _median(steps) * price if price else _median(wall),
-                        "clock": "timed" if price else "wall",
+                        "clock": ("timed" if price else "wall")
+                        + ("" if any(r["task"] == task and r["no_bf16"] == no_bf16 for r in runs_only) else "*"),
                         "wall_s": _median(wall),
                         "final": _median([r["final"] for r in runs]),
                         "reached": sum(r["time_to_target_s"] is not None for r in runs),
@@ -384,7 +388,8 @@ def format_markdown(cells: list[dict[str, Any]]) -> str:
         "\nTimes: median steps to the target x the method's median step time, both steps timed interleaved on one "
         "batch (timed), or the runs' wall time where no step was timed (wall); a run that never reached the target "
         "counts its whole run. Best factor per method (x1: the task's lr; the other: the LR grid's best for the "
-        "task's own optimizer). vs own: the task's own optimizer's time at its best factor over this one's."
+        "task's own optimizer). vs own: the task's own optimizer's time at its best factor over this one's. *: the "
+        "steps of the other path's runs (Muon's Newton-Schulz in bf16), priced at this path's step time."
     )
     return "\n".join(lines)
 

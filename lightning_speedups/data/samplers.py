@@ -105,8 +105,8 @@ class LengthGroupedSampler(SequenceBatchSampler):
 
     @property
     def group_size(self) -> int:
-        """Batches per sorted group this epoch uses: ``group_batches``, or what ``"auto"`` found for this seed and
-        world size, before the rounding up to a multiple of the world size."""
+        """The batches per sorted group this epoch uses (``group_batches``, or what ``"auto"`` found for this seed and
+        world size), before the rounding up to a multiple of the world size."""
         if self.group_batches != "auto":
             return int(self.group_batches)
         world = self.rank_world()[1]

@@ -97,7 +97,7 @@ def create_schedule_free_adamw(
         betas: ``(beta1, beta2)``; ``beta1`` in ``(0, 1)``.
         eps: added to the denominator.
         weight_decay: decoupled weight decay, taken at ``y``.
-        warmup_steps: linear lr warm-up, in optimizer steps (default :data:`DEFAULT_WARMUP_STEPS`).
+        warmup_steps: linear lr warm-up, in optimizer steps (default ``DEFAULT_WARMUP_STEPS``, 100).
         r: polynomial weighting power of the average.
         weight_lr_power: during warm-up, the average weights each point by ``lr ** weight_lr_power``.
         foreach: the multi-tensor kernel (``None``: where torch has one).
@@ -159,7 +159,7 @@ def create_schedule_free_sgd(
         lr: peak learning rate, reached after ``warmup_steps``.
         momentum: interpolation weight, in ``(0, 1)``.
         weight_decay: L2 penalty, taken at ``y``.
-        warmup_steps: linear lr warm-up, in optimizer steps (default :data:`DEFAULT_WARMUP_STEPS`).
+        warmup_steps: linear lr warm-up, in optimizer steps (default ``DEFAULT_WARMUP_STEPS``, 100).
         r: polynomial weighting power of the average.
         weight_lr_power: during warm-up, the average weights each point by ``lr ** weight_lr_power``.
         foreach: the multi-tensor kernel (``None``: where torch has one).
