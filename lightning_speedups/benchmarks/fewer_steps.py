@@ -59,7 +59,17 @@ from lightning_speedups.measure.models import training_step_loss
 from lightning_speedups.optim.muon import assign_muon, muon_from_optimizer
 from lightning_speedups.optim.schedule_free import create_schedule_free_adamw
 
-__all__ = ["METHODS", "format_summary", "main", "run", "summarize"]
+__all__ = [
+    "METHODS",
+    "format_markdown",
+    "format_summary",
+    "grid_best_factors",
+    "main",
+    "run",
+    "step_times",
+    "summarize",
+    "transformer_median",
+]
 
 METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd")
 LR_GRID_JSON = Path(__file__).resolve().parents[2] / "docs" / "_data" / "lr_grid.json"
