@@ -177,7 +177,7 @@ def run(quick: bool = True) -> list[BenchRow]:
             "samples/s",
             note="target ratio >= 0.9"
             + ("" if ratio_b >= 0.9 else " NOT MET")
-            + "; accuracy not measured: batch size changes optimisation, use scale_lr",
+            + "; accuracy not measured: batch size changes optimisation (the finder scales the lr: lr_scaling)",
             extra={**common, "quality_ratio": True},
         ),
         BenchRow(
