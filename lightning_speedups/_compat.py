@@ -458,10 +458,9 @@ def is_weight_norm(parametrization: Any) -> bool:
 _PER_GROUP_SCHEDULER_LISTS = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs")
 
 
-def retarget_scheduler(scheduler: Any, optimizer: Any, sources: Sequence[int], lr_scale: float = 1.0) -> None:
+def retarget_scheduler(scheduler: Any, optimizer: Any, sources: Sequence[int]) -> None:
     """Make ``scheduler`` drive ``optimizer``, whose param group ``i`` was made from group ``sources[i]`` of the
-    optimizer the scheduler was built for (a group split in two repeats its index), its learning rates scaled by
-    ``lr_scale`` (as the new groups' were).
+    optimizer the scheduler was built for (a group split in two repeats its index).
 
     Relies on: torch's schedulers (2.14) keeping the optimizer in ``.optimizer`` and one entry per param group in
     ``base_lrs``, ``_last_lr``, ``lr_lambdas`` (``LambdaLR``, ``MultiplicativeLR``) and ``min_lrs``
@@ -470,14 +469,13 @@ def retarget_scheduler(scheduler: Any, optimizer: Any, sources: Sequence[int], l
     which a throwaway ``LambdaLR`` installs on the new optimizer (its learning rates are put back). Per-group values
     kept in the param groups themselves (``initial_lr``, OneCycle's ``max_lr`` / ``min_lr``) travel with the groups.
     """
-    for inner in getattr(scheduler, "_schedulers", []):
-        retarget_scheduler(inner, optimizer, sources, lr_scale)
+    for inner in inner_schedulers(scheduler):
+        retarget_scheduler(inner, optimizer, sources)
     old_count = len(scheduler.optimizer.param_groups)
     for name in _PER_GROUP_SCHEDULER_LISTS:
         values = getattr(scheduler, name, None)
         if isinstance(values, list) and len(values) == old_count:
-            scale = 1.0 if name == "lr_lambdas" else lr_scale
-            setattr(scheduler, name, [values[i] * scale if scale != 1.0 else values[i] for i in sources])
+            setattr(scheduler, name, [values[i] for i in sources])
     scheduler.optimizer = optimizer
     if not hasattr(optimizer.step, "_wrapped_by_lr_sched"):
         saved = [(group["lr"], group.get("initial_lr")) for group in optimizer.param_groups]

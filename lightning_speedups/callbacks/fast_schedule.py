@@ -178,10 +178,7 @@ class FastSchedule(Callback):
                     "the decay is stretched to the new length from the current step."
                 )
                 for factor in factors:
-                    if isinstance(factor, WSDFactor):
-                        factor.stretch(self._total)  # its cool-down moves to the new end
-                    else:
-                        factor.total = self._total
+                    factor.stretch(self._total)  # the decay (a WSD cool-down too) ends at the new length
                 for group, base, factor in zip(
                     scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
                 ):

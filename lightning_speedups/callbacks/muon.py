@@ -14,6 +14,7 @@ from lightning_speedups._compat import retarget_scheduler
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._strategies import refuse_sharded
+from lightning_speedups.optim.lr_scaling import scale_optimizer_lrs
 from lightning_speedups.optim.muon import CONV_MODES, MuonWithAdamW, muon_from_optimizer
 
 __all__ = ["Muon"]
@@ -90,11 +91,12 @@ class Muon(Callback):
                     "(adjust_lr_fn='match_rms_adamw') and its AdamW part expect an AdamW learning rate. Allowed "
                     "values: Muon(lr=...) with an AdamW-like rate (1e-3 to 1e-2), or an Adam-type optimizer."
                 )
-            hybrid = muon_from_optimizer(optimizer, pl_module, self.conv, lr=self.lr, **self.kwargs)
-            scale = hybrid.defaults["lr"] / optimizer.defaults["lr"]
-            for config in trainer.lr_scheduler_configs:
-                if config.scheduler.optimizer is optimizer:
-                    retarget_scheduler(config.scheduler, hybrid, hybrid.group_sources, scale)
+            hybrid = muon_from_optimizer(optimizer, pl_module, self.conv, **self.kwargs)
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs if c.scheduler.optimizer is optimizer]
+            for scheduler in schedulers:
+                retarget_scheduler(scheduler, hybrid, hybrid.group_sources)
+            if self.lr is not None:  # groups, their scheduler-held lrs and the schedulers' own, ratios kept
+                scale_optimizer_lrs(hybrid, schedulers, self.lr / optimizer.defaults["lr"])
             optimizers[index] = hybrid
             rank_zero_info(f"[Muon] {type(optimizer).__name__} replaced. {hybrid.assignment.to_text()}")
         trainer.strategy.optimizers = optimizers

@@ -71,6 +71,10 @@ class FastScheduleFactor:
         self.decay = decay
         self.final_ratio = final_ratio
 
+    def stretch(self, total: int) -> None:
+        """Plan the run for ``total`` steps (the decay ends there), as :meth:`WSDFactor.stretch` does."""
+        self.total = total
+
     def __call__(self, step: int) -> float:
         if step < self.warmup:
             return (step + 1) / (self.warmup + 1)  # never 0: the first step already learns

@@ -59,7 +59,6 @@ _EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 # Newton-Schulz quintic coefficients from Keller Jordan's Muon post (the ones torch.optim.Muon uses)
 _NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-_MUON_KEYS = ("momentum", "nesterov", "ns_steps", "adjust_lr_fn")
 
 
 @dataclass
@@ -335,27 +334,22 @@ class MuonWithAdamW(torch.optim.Optimizer):
             g["lr"] = g["lr"] * _warmup_factor(g)
             g["steps_taken"] += 1
         try:
-            self._step_part(self._adamw, "adamw")
-            for g in self.param_groups:
-                if g["muon_kind"] == "adamw":
-                    continue
-                dtype = _ns_dtype(g)
-                if g["muon_kind"] == "matrix" and dtype == torch.bfloat16:
-                    self._step_part(self._muon, g)  # torch's own Muon, bf16 Newton-Schulz
-                else:
+            adamw = [g for g in self.param_groups if g["muon_kind"] == "adamw"]
+            muon = [(g, _ns_dtype(g)) for g in self.param_groups if g["muon_kind"] != "adamw"]
+            self._step_part(self._adamw, adamw)
+            # matrices with bf16 Newton-Schulz: torch's own Muon; kernels and fp32 iterations: our step
+            self._step_part(self._muon, [g for g, d in muon if g["muon_kind"] == "matrix" and d == torch.bfloat16])
+            for g, dtype in muon:
+                if g["muon_kind"] == "conv" or dtype != torch.bfloat16:
                     self._own_step(g, dtype)
         finally:
             for g, lr in zip(self.param_groups, saved):
                 g["lr"] = lr
         return loss
 
-    def _step_part(self, inner: torch.optim.Optimizer, kind_or_group: str | dict[str, Any]) -> None:
+    def _step_part(self, inner: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> None:
         # the inner optimizer steps our groups (shared dicts) and our state, whatever replaced them since (a resume,
         # a rebuild after pruning): it never holds a parameter of its own
-        if isinstance(kind_or_group, dict):
-            groups = [kind_or_group]
-        else:
-            groups = [g for g in self.param_groups if g["muon_kind"] == kind_or_group]
         if not groups:
             return
         inner.param_groups = groups
@@ -452,25 +446,19 @@ def _orthogonalize(matrix: torch.Tensor, steps: int, eps: float, dtype: torch.dt
 
 
 def muon_from_optimizer(
-    optimizer: torch.optim.Optimizer,
-    module: nn.Module,
-    conv: str = "adamw",
-    lr: float | None = None,
-    **kwargs: Any,
+    optimizer: torch.optim.Optimizer, module: nn.Module, conv: str = "adamw", **kwargs: Any
 ) -> MuonWithAdamW:
     """The user's optimizer as a Muon hybrid: the same groups (lr, weight decay, names) split into Muon and AdamW.
 
     Adam-type ``betas`` and ``eps`` carry over to the AdamW part; each group's lr and weight decay to both parts
     (with ``adjust_lr_fn="match_rms_adamw"`` an Adam-type lr suits Muon too). The new optimizer's
-    ``group_sources[i]`` is the index of the user's group that its group ``i`` came from (for the LR schedulers).
+    ``group_sources[i]`` is the index of the user's group that its group ``i`` came from (for the LR schedulers). To
+    train at another lr, scale the result with :func:`~lightning_speedups.optim.lr_scaling.scale_optimizer_lrs`.
 
     Args:
         optimizer: the optimizer ``configure_optimizers`` built (its state is not carried: call it before training).
         module: the model whose parameters ``optimizer`` holds.
         conv: see :func:`assign_muon`.
-        lr: a new base learning rate: every group's lr-valued entries (``lr``, ``initial_lr``, a OneCycle
-            ``max_lr`` / ``min_lr``) are scaled by ``lr / optimizer.defaults["lr"]``, so ratios between groups stay.
-            ``None`` keeps the user's.
         kwargs: :class:`MuonWithAdamW` arguments (``momentum``, ``adjust_lr_fn``, ``warmup_steps``...).
 
     Example::
@@ -481,19 +469,14 @@ def muon_from_optimizer(
         ([(0.003, False), (0.003, True)], [0, 0])
     """
     base = optimizer.defaults
-    scale = 1.0 if lr is None else lr / float(base.get("lr", lr))
     kinds, report = assign_muon(module, conv)
     split: list[dict[str, Any]] = []
     sources: list[int] = []
     for index, group in enumerate(optimizer.param_groups):
-        kept = {k: v for k, v in group.items() if k in _CARRIED_GROUP_KEYS}
-        for key in _LR_KEYS:
-            if key in kept:
-                kept[key] = kept[key] * scale
-        parts = _split_group(kept, kinds)
+        parts = _split_group({k: v for k, v in group.items() if k in _CARRIED_GROUP_KEYS}, kinds)
         split += parts
         sources += [index] * len(parts)
-    args: dict[str, Any] = {"lr": float(base.get("lr", 1e-3)) * scale, "weight_decay": base.get("weight_decay", 0.0)}
+    args: dict[str, Any] = {"lr": float(base.get("lr", 1e-3)), "weight_decay": base.get("weight_decay", 0.0)}
     if "betas" in base:
         args["betas"] = tuple(base["betas"])
     if "eps" in base:
@@ -519,7 +502,6 @@ _CARRIED_GROUP_KEYS = (
     "max_momentum",
     "base_momentum",
 )
-_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 
 
 def create_muon(
