@@ -78,7 +78,10 @@ nitpick_ignore_regex = [
     # module, `_in_fit_trial.InFitTrial`): not documented by design
     (r"py:.*", r"lightning_speedups(\.\w+)*\._\w+(\.\w+)*"),
     # the inner modules of a technique's folder: its public names are documented where the folder re-exports them
-    (r"py:.*", r"lightning_speedups\.(functional\.|callbacks\.)?(batch_size|advisor|autotune|measure)\.\w+\.\w+"),
+    (
+        r"py:.*",
+        r"lightning_speedups\.(functional\.|callbacks\.)?(batch_size|advisor|autotune|measure|pruning)\.\w+\.\w+",
+    ),
     # type aliases of this package (`Scheduler`, `DeviceLike`, `BackboneSpec`): unions of library types, not classes
     (r"py:.*", r"(lightning_speedups(\.\w+)*\.)?(Scheduler|DeviceLike|BackboneSpec|Factory|Rule|Batch)"),
 ]

@@ -20,9 +20,10 @@ from lightning_speedups.callbacks.finetuning import FineTuneConfig, FineTuneFree
 from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
 from lightning_speedups.callbacks.lr_finder import LRFinder
 from lightning_speedups.callbacks.muon import Muon
+from lightning_speedups.callbacks.optimizer_race import OptimizerRace
 from lightning_speedups.callbacks.precision_trial import PrecisionTrial
 from lightning_speedups.callbacks.progressive_resizing import ProgressiveResizing
-from lightning_speedups.callbacks.pruning import Pruning
+from lightning_speedups.callbacks.pruning import MaskPruning, Pruning, StructuredPruning
 from lightning_speedups.callbacks.quantization import Float8Training, QuantizationAwareTraining
 from lightning_speedups.callbacks.schedule_free import ScheduleFreeSwitch
 from lightning_speedups.callbacks.sequence_batching import SequenceBatching
@@ -131,6 +132,8 @@ __all__ = [
     "LRFinder",
     "PrecisionTrial",
     "Pruning",
+    "StructuredPruning",
+    "MaskPruning",
     "QuantizationAwareTraining",
     "SpeedAdvisor",
     "SpeedFlags",
@@ -139,6 +142,7 @@ __all__ = [
     "EMA",
     "FastSchedule",
     "Muon",
+    "OptimizerRace",
     "LabelSmoothing",
     "ProgressiveResizing",
     "ScheduleFreeSwitch",

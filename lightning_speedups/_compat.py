@@ -14,32 +14,125 @@ from typing import Any
 
 import torch
 
-__all__ = ["before_model_weights_load"]
+__all__ = [
+    "GraphBudgetExceeded",
+    "GraphLoop",
+    "after_batch_to_device",
+    "averaged_model",
+    "before_batch_transfer",
+    "before_model_weights_load",
+    "collect_rng_states",
+    "ddp_wrap_again",
+    "fit_source_dataloader",
+    "fit_source_instance",
+    "fit_source_is_module",
+    "fit_train_dataloader",
+    "init_optimizers_and_schedulers",
+    "inner_schedulers",
+    "is_spawn_launcher",
+    "is_weight_norm",
+    "keyed_strategy_patch",
+    "lr_finder_suggestion",
+    "metric_state",
+    "no_gradient_sync",
+    "refresh_scheduler_last_lr",
+    "reload_train_dataloader",
+    "replace_training_results",
+    "restore_metric_state",
+    "restore_rng_states",
+    "restore_training_results",
+    "retarget_scheduler",
+    "set_fit_train_loader",
+    "set_results_batch",
+    "spawn_drop_returned_weights",
+    "strategy_training_step",
+    "tp_allow_every_group",
+    "tp_group_loop_guard",
+    "tp_index_budget",
+    "tp_on_param_slice",
+    "tp_scope_channels",
+    "train_dataloader_built",
+    "tuner_exit",
+    "undo_lr_find_debias",
+]
 
-_HOOKS_ATTR = "_lightning_speedups_before_load"
+_Hooks = dict[str, Callable[..., Any]]
 
 
-def before_model_weights_load(strategy: Any, key: str, fn: Callable[[Mapping[str, Any]], None]) -> None:
+def keyed_strategy_patch(
+    strategy: Any,
+    method: str,
+    key: str,
+    fn: Callable[..., Any] | None,
+    wrap: Callable[[Callable[..., Any], _Hooks], Callable[..., Any]],
+) -> None:
+    """Keep ``fn`` under ``key`` among the hooks of ``strategy.<method>``, which ``wrap(original, hooks)`` runs.
+
+    The one monkey-patch of a running strategy: the first hook replaces the method on the strategy *instance* with
+    ``wrap(original, hooks)``, which runs the hooks it finds in ``hooks`` (in registration order) at every call.
+    Hooks are keyed, so a callback that registers twice replaces its hook. ``fn=None`` removes the hook under
+    ``key``; with none left the patch removes itself and the strategy's own method is back.
+
+    Relies on: nothing private; the public methods it wraps are named by the functions below that call it.
+    """
+    attr = f"_lightning_speedups_{method}_hooks"
+    hooks: _Hooks | None = strategy.__dict__.get(attr)
+    if fn is None:
+        if hooks is not None:
+            hooks.pop(key, None)
+            if not hooks:
+                del strategy.__dict__[attr]
+                strategy.__dict__.pop(method, None)
+        return
+    if hooks is None:
+        hooks = {}
+        strategy.__dict__[attr] = hooks
+        strategy.__dict__[method] = wrap(getattr(strategy, method), hooks)
+    hooks[key] = fn
+
+
+def before_model_weights_load(strategy: Any, key: str, fn: Callable[[Mapping[str, Any]], None] | None) -> None:
     """Call ``fn(checkpoint)`` right before ``strategy`` loads a checkpoint's weights into the LightningModule.
 
     Relies on: Lightning's checkpoint connector restoring the weights through the *public*
     ``Strategy.load_model_state_dict(checkpoint, strict)`` (2.0 - 2.6). Wrapping that method on the strategy
     instance runs the hook whatever the order of ``setup`` / ``configure_model`` / ``trainer.ckpt_path``, which
-    changed between Lightning releases. Hooks are keyed, so a callback that registers twice replaces its hook.
+    changed between Lightning releases. Keyed by :func:`keyed_strategy_patch`: ``fn=None`` removes the hook.
     """
-    hooks: dict[str, Callable[[Mapping[str, Any]], None]] | None = strategy.__dict__.get(_HOOKS_ATTR)
-    if hooks is None:
-        hooks = {}
-        original = strategy.load_model_state_dict
 
+    def wrap(original: Callable[..., Any], hooks: _Hooks) -> Callable[..., Any]:
         def load_model_state_dict(checkpoint: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
             for hook in list(hooks.values()):
                 hook(checkpoint)
             return original(checkpoint, *args, **kwargs)
 
-        strategy.__dict__[_HOOKS_ATTR] = hooks
-        strategy.load_model_state_dict = load_model_state_dict
-    hooks[key] = fn
+        return load_model_state_dict
+
+    keyed_strategy_patch(strategy, "load_model_state_dict", key, fn, wrap)
+
+
+def after_batch_to_device(strategy: Any, key: str, fn: Callable[[Any, int], Any] | None) -> None:
+    """Pass every batch through ``fn(batch, dataloader_idx) -> batch`` after ``strategy.batch_to_device``.
+
+    Relies on: Lightning's loops moving each batch with the public ``Strategy.batch_to_device(batch, device=None,
+    dataloader_idx=0)`` (through ``call._call_strategy_hook(trainer, "batch_to_device", ...)``, 2.0 - 2.6) and
+    handing its return value to ``training_step`` and to every batch hook. Wrapping it on the running strategy
+    lets a callback replace the batch, which its own ``on_*_batch_start`` hooks cannot do, whatever the loader yields
+    and whether or not a datamodule is attached. Loops whose ``training_step`` takes a ``dataloader_iter`` do not
+    move batches, so the hook does not run there. Keyed by :func:`keyed_strategy_patch`: ``fn=None`` removes the
+    hook, and with none left the strategy's own method is back.
+    """
+
+    def wrap(original: Callable[..., Any], hooks: _Hooks) -> Callable[..., Any]:
+        def batch_to_device(batch: Any, device: Any = None, dataloader_idx: int = 0) -> Any:
+            batch = original(batch, device, dataloader_idx)
+            for hook in list(hooks.values()):
+                batch = hook(batch, dataloader_idx)
+            return batch
+
+        return batch_to_device
+
+    keyed_strategy_patch(strategy, "batch_to_device", key, fn, wrap)
 
 
 def fit_train_dataloader(trainer: Any) -> Any:
@@ -211,6 +304,22 @@ def tp_on_param_slice(callback: Callable[[Any, Any, Sequence[int], int], None]) 
         yield
     finally:
         base._prune_parameter_and_grad = original
+
+
+@contextlib.contextmanager
+def tp_allow_every_group(dg: Any) -> Iterator[None]:
+    """Let a pruner's ``step(interactive=True)`` yield every group, one that would empty a layer included.
+
+    Relies on: ``torch_pruning.DependencyGraph.check_pruning_group(group) -> bool`` (1.4 - 1.6), which the pruner
+    asks before it yields a group and which is False for a group that would remove every channel of a layer: the
+    pruner skips that group silently. Answering True on the graph *instance* lets the caller see the group and
+    refuse it by name; the instance's own method is back afterwards.
+    """
+    dg.check_pruning_group = lambda group: True
+    try:
+        yield
+    finally:
+        del dg.check_pruning_group
 
 
 def tp_scope_channels(pruner: Any) -> dict[str, int]:

@@ -25,7 +25,22 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["HEAD_NAMES", "Head", "embedding_ties", "find_heads", "is_linear_like", "shared_parameters"]
+from lightning_speedups._inputs import call_model, eval_mode
+
+__all__ = [
+    "CONV_LINEAR",
+    "HEAD_NAMES",
+    "Head",
+    "embedding_ties",
+    "find_heads",
+    "is_conv_or_linear",
+    "is_linear_like",
+    "shared_parameters",
+]
+
+#: the conv and linear layers that pruning removes channels of, masks and quantizes (HF ``Conv1D``: see
+#: :func:`is_conv_or_linear`)
+CONV_LINEAR: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 #: attribute names of output heads, in priority order: minimal GPT code and Hugging Face ``*ForCausalLM`` /
 #: ``*LMHeadModel`` (``lm_head``), torchvision (resnet ``fc``; vgg/mobilenet/efficientnet/convnext ``classifier``;
@@ -72,6 +87,17 @@ def is_linear_like(module: nn.Module) -> bool:
         (True, False)
     """
     return isinstance(module, nn.Linear) or any(c.__name__ == "Conv1D" for c in type(module).__mro__)
+
+
+def is_conv_or_linear(module: nn.Module) -> bool:
+    """A layer of :data:`CONV_LINEAR`, or Hugging Face's ``Conv1D`` (see :func:`is_linear_like`).
+
+    Example::
+
+        >>> is_conv_or_linear(nn.Conv2d(2, 2, 1)), is_conv_or_linear(nn.BatchNorm2d(2))
+        (True, False)
+    """
+    return isinstance(module, CONV_LINEAR) or is_linear_like(module)
 
 
 def shared_parameters(module: nn.Module) -> list[list[tuple[str, nn.Module]]]:
@@ -155,14 +181,6 @@ def _by_name(module: nn.Module, names: Sequence[str], max_depth: int | None) -> 
     return []
 
 
-def _call(module: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return module(**inputs)
-    if isinstance(inputs, tuple):
-        return module(*inputs)
-    return module(inputs)
-
-
 def _first_output(out: Any) -> torch.Tensor | None:
     """The first floating tensor of at least 2 dimensions in ``out`` (logits before a scalar loss)."""
     if isinstance(out, torch.Tensor):
@@ -181,18 +199,14 @@ def _by_width(module: nn.Module, example_inputs: Any) -> str | None:
             ran.append((names[mod], int(out.shape[-1])))
 
     handles = [m.register_forward_hook(hook) for m in module.modules() if is_linear_like(m)]
-    modes = {m: m.training for m in module.modules()}
-    module.eval()  # BatchNorm statistics must not see the example
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            logits = _first_output(_call(module, example_inputs))
+    try:  # eval mode: BatchNorm statistics must not see the example
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), eval_mode(module):
+            logits = _first_output(call_model(module, example_inputs))
     except Exception:  # noqa: BLE001  (a forward these inputs do not fit: no width to read)
         return None
     finally:
         for h in handles:
             h.remove()
-        for m, mode in modes.items():
-            m.training = mode
     if logits is None:
         return None
     width = int(logits.shape[-1])

@@ -1,7 +1,10 @@
-"""Example inputs for tracing and checks, taken from a training batch when the user gave none."""
+"""Example inputs for tracing and checks, taken from a training batch when the user gave none, and the one way to run
+a model on them: :func:`call_model` (a dict, a tuple or a single input), in :func:`eval_mode` or :func:`train_mode`
+(both leave the model as they found it)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -10,12 +13,15 @@ from torch import nn
 
 __all__ = [
     "LABEL_KEYS",
+    "call_model",
     "candidate_inputs",
+    "eval_mode",
     "example_from_batch",
     "first_batch",
     "flat_tensors",
     "forward_error",
     "head_samples",
+    "train_mode",
 ]
 
 # keys of a dict batch that are targets, not model inputs (Hugging Face, torchvision detection, common usage)
@@ -77,28 +83,70 @@ def flat_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def forward_error(model: nn.Module, inputs: Any) -> str | None:
-    """Why one eval-mode, no-grad ``forward`` on ``inputs`` fails (``"Type: message"``), or ``None`` if it runs.
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model(**inputs)`` for a mapping, ``model(*inputs)`` for a tuple, ``model(inputs)`` for anything else.
 
-    ``inputs`` is called as ``model(**inputs)`` (dict), ``model(*inputs)`` (tuple) or ``model(inputs)``; the
-    train/eval flags are restored afterwards.
+    A list is one argument (torchvision's detection models take a list of images), a tuple is the arguments: the
+    form :func:`candidate_inputs` yields and ``example_input_array`` documents.
+
+    Example::
+
+        >>> call_model(nn.Bilinear(2, 2, 1), (torch.zeros(1, 2), torch.zeros(1, 2))).shape
+        torch.Size([1, 1])
     """
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode (BatchNorm statistics must not see an example input); every module's train/eval flag restored."""
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
-        with torch.no_grad():
-            if isinstance(inputs, dict):
-                model(**inputs)
-            elif isinstance(inputs, tuple):
-                model(*inputs)
-            else:
-                model(inputs)
-        return None
-    except Exception as err:  # any failure of the user's forward
-        return f"{type(err).__name__}: {err}"
+        yield
     finally:
         for m, mode in modes.items():
             m.training = mode
+
+
+@contextlib.contextmanager
+def train_mode(model: nn.Module) -> Iterator[None]:
+    """Train mode without side effects: buffers (BatchNorm statistics), the RNG state and the flags are put back.
+
+    Checks and tracing must see the branches that run only in training (aux heads), the way training will run them.
+    """
+    modes = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    tensors = [*model.parameters(), *model.buffers()]
+    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):  # dropout draws from the RNG: training must see the same draws
+        model.train()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buf, saved in buffers:
+                    if buf.shape == saved.shape:
+                        buf.copy_(saved)
+            for m, mode in modes.items():
+                m.training = mode
+
+
+def forward_error(model: nn.Module, inputs: Any) -> str | None:
+    """Why one eval-mode, no-grad ``forward`` on ``inputs`` fails (``"Type: message"``), or ``None`` if it runs.
+
+    ``inputs`` is called by :func:`call_model`; the train/eval flags are restored afterwards.
+    """
+    try:
+        with torch.no_grad(), eval_mode(model):
+            call_model(model, inputs)
+        return None
+    except Exception as err:  # any failure of the user's forward
+        return f"{type(err).__name__}: {err}"
 
 
 def example_from_batch(model: nn.Module, batch: Any, n: int = 2) -> Any:

@@ -18,6 +18,7 @@ Nothing keeps a reference to the old optimizers or the old parameters afterwards
 from __future__ import annotations
 
 import gc
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,10 +28,38 @@ from torch import nn
 from lightning_speedups._compat import ddp_wrap_again, init_optimizers_and_schedulers
 from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 
-__all__ = ["ParamOrigin", "rebuild_optimizers", "rewrap_ddp", "slice_state_tensor"]
+__all__ = ["ParamOrigin", "clone_optimizer", "init_arguments", "rebuild_optimizers", "rewrap_ddp", "slice_state_tensor"]
 
 # A new parameter's origin: the old parameter it was sliced from and, per dimension, the kept indices (sorted).
 ParamOrigin = tuple[torch.Tensor, dict[int, torch.Tensor]]
+
+
+def init_arguments(cls: type) -> set[str] | None:
+    """The keyword arguments ``cls.__init__`` takes (``None``: any, it has ``**kwargs``)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def clone_optimizer(optimizer: torch.optim.Optimizer, params: Mapping[int, nn.Parameter]) -> torch.optim.Optimizer:
+    """``optimizer``'s class, param groups, defaults and state on other parameters: ``params[id(p)]`` replaces each
+    ``p`` (a model copy's parameters, say). Defaults its constructor does not take (those it derives) are left to it.
+
+    Example::
+
+        >>> a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+        >>> opt = torch.optim.AdamW(a.parameters(), lr=0.01)
+        >>> twin = clone_optimizer(opt, {id(p): q for p, q in zip(a.parameters(), b.parameters())})
+        >>> twin.param_groups[0]["params"][0] is b.weight, twin.param_groups[0]["lr"]
+        (True, 0.01)
+    """
+    accepted = init_arguments(type(optimizer))
+    defaults = {k: v for k, v in optimizer.defaults.items() if accepted is None or k in accepted}
+    groups = [{**g, "params": [params[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
+    clone = type(optimizer)(groups, **defaults)
+    clone.load_state_dict(optimizer.state_dict())
+    return clone
 
 
 def slice_state_tensor(value: Any, old: torch.Tensor, new: torch.Tensor, kept: Mapping[int, torch.Tensor]) -> Any:

@@ -105,10 +105,9 @@ def check_conflicts(
         SpeedupConfigError: on a refused combination.
     """
     names = {type(cb).__name__: cb for cb in callbacks}
-    pruning = names.get("Pruning")
-    if pruning is not None and "TorchCompile" in names and getattr(pruning, "mode", "structured") == "structured":
+    if "StructuredPruning" in names and "TorchCompile" in names:
         raise SpeedupConfigError(
-            "`Pruning(mode='structured')` with `TorchCompile` is refused: structural pruning changes parameter "
+            "`StructuredPruning` with `TorchCompile` is refused: structural pruning changes parameter "
             "shapes mid-run, which forces a full recompile after every pruning step. HINT: prune in one run, then "
             "compile the pruned model in the next (load it with `load_pruned` / `load_from_checkpoint`)."
         )

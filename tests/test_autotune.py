@@ -242,18 +242,20 @@ def test_autotune_bad_input():
         autotune(DemoClassifier(width=4), _loader(), budget_s=0)
     with pytest.raises(SpeedupConfigError, match="`budget_s`=-1 is out of range"):
         autotune(DemoClassifier(width=4), _loader(), budget_s=-1)
-    assert list_candidates() == ["batching", "precision", "channels_last", "data", "batch_size", "optimizer", "compile"]
+    names = ["batching", "precision", "channels_last", "data", "batch_size", "optimizer", "optimization", "compile"]
+    assert list_candidates() == names
 
 
 def test_autotune_default_budget_is_five_percent_and_skips_what_cannot_fit(monkeypatch):
-    # a planned run of 2 steps x 1 s: 5% is 0.1 s, less than one comparison (7 steps): nothing is tried, the
-    # note says why, and the trials cost only the 4 steps that sized the budget (no floor beyond the 5%)
+    # a planned run of 2 steps x 1 s: 5% is 0.1 s, less than one comparison (7 steps) and below the budget any trial
+    # needs to pay back (issue 50): nothing is tried, the note says why, and the trials cost only the untimed first
+    # step, which showed the run too short (no floor beyond the 5%)
     machine = FakeMachine({"bf16-mixed": 0.5})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], max_epochs=1)
-    assert plan.choices == [] and machine.calls == 4
-    assert plan.trial_s == pytest.approx(4.0, rel=0.15)
-    assert plan.notes[0].startswith("nothing measured: ") and "precision, channels_last not tried" in plan.notes[0]
-    assert "5% of a planned run of about 2.0s" in plan.notes[0] and "HINT: pass a larger `budget_s`" in plan.notes[0]
+    assert plan.choices == [] and machine.calls == 1
+    assert plan.trial_s == pytest.approx(1.0, rel=0.15)
+    assert plan.notes[0].startswith("precision, channels_last not tried: the planned run (2 steps of about 1.")
+    assert "is too short for a trial to pay back" in plan.notes[0] and "HINT: pass `budget_s`" in plan.notes[0]
     # the same run with a budget that fits: both are measured
     machine = FakeMachine({"bf16-mixed": 0.5})
     plan = _fake_tune(monkeypatch, machine, ["precision", "channels_last"], budget_s=200.0, max_epochs=1)

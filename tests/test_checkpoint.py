@@ -11,9 +11,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups import (
-    Pruning,
     QuantizationAwareTraining,
     SpeedupConfigError,
+    StructuredPruning,
     load_checkpoint,
     prune_structured,
     save_pruned,
@@ -71,7 +71,7 @@ def test_load_checkpoint_plain_module_reload_and_resume(tmp_path, technique):
     pytest.importorskip("torch_pruning" if technique == "structured" else "torchao")
 
     def callback():
-        return Pruning(amount=0.5) if technique == "structured" else QuantizationAwareTraining(start_epoch=0)
+        return StructuredPruning(amount=0.5) if technique == "structured" else QuantizationAwareTraining(start_epoch=0)
 
     model, trainer = _fit(callback(), 1)
     path = tmp_path / "e1.ckpt"

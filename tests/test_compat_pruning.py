@@ -52,6 +52,38 @@ def test_compat_strategy_load_model_state_dict_is_the_weights_path(tmp_path):
     assert seen == [1], "Lightning no longer restores the weights through Strategy.load_model_state_dict"
 
 
+def test_compat_keyed_strategy_patch_replaces_by_key_and_removes_itself():
+    class Strategy:
+        def load_model_state_dict(self, checkpoint, strict=True):
+            return ("loaded", checkpoint["n"])
+
+    strategy = Strategy()
+    seen: list[str] = []
+    _compat.before_model_weights_load(strategy, "a", lambda ckpt: seen.append("a0"))
+    _compat.before_model_weights_load(strategy, "a", lambda ckpt: seen.append("a1"))  # same key: replaced
+    _compat.before_model_weights_load(strategy, "b", lambda ckpt: seen.append("b"))
+    assert strategy.load_model_state_dict({"n": 3}) == ("loaded", 3) and seen == ["a1", "b"]
+    _compat.before_model_weights_load(strategy, "a", None)
+    assert "load_model_state_dict" in vars(strategy)  # "b" is left
+    _compat.before_model_weights_load(strategy, "b", None)
+    assert not [k for k in vars(strategy) if "load_model_state_dict" in k], "the patch did not remove itself"
+    _compat.before_model_weights_load(strategy, "b", None)  # removing again is a no-op
+
+
+def test_compat_tp_allow_every_group_is_asked_and_put_back():
+    tp = pytest.importorskip("torch_pruning")
+    model = nn.Sequential(nn.Linear(4, 2), nn.ReLU(), nn.Linear(2, 2))
+    pruner = tp.pruner.BasePruner(
+        model, torch.zeros(1, 4), importance=tp.importance.MagnitudeImportance(p=1), ignored_layers=[model[2]]
+    )
+    dg = pruner.DG
+    group = dg.get_pruning_group(model[0], tp.prune_linear_out_channels, idxs=[0, 1])
+    assert not dg.check_pruning_group(group), "check_pruning_group no longer refuses a group that empties a layer"
+    with _compat.tp_allow_every_group(dg):
+        assert dg.check_pruning_group(group)
+    assert "check_pruning_group" not in vars(dg) and not dg.check_pruning_group(group)
+
+
 def test_compat_fit_train_dataloader_from_setup():
     found: list[object] = []
 

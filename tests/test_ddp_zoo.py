@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import FineTuneFreezing, Pruning
+from lightning_speedups import FineTuneFreezing, MaskPruning, StructuredPruning
 from tests.helpers import quiet_trainer
 
 pytestmark = pytest.mark.ddp
@@ -54,9 +54,9 @@ class SaveRanks(L.Callback):
 
 
 CASES = {
-    "resnet18-structured": ("resnet18", lambda: Pruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2)),
+    "resnet18-structured": ("resnet18", lambda: StructuredPruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2)),
     "vit-freezing": ("vit", lambda: FineTuneFreezing(unfreeze_every=1, unfreeze_at_epoch=None, verbose=False)),
-    "vit-masks": ("vit", lambda: Pruning(mode="unstructured", amount=0.5, start_epoch=0, end_epoch=1, steps=2)),
+    "vit-masks": ("vit", lambda: MaskPruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2)),
 }
 
 

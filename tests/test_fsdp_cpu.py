@@ -64,8 +64,8 @@ class Shards(L.Callback):
 
 REFUSERS = {
     "EMA": lambda: ls.EMA(),
-    "Pruning(mode='unstructured')": lambda: ls.Pruning(mode="unstructured", amount=0.5, start_epoch=0, end_epoch=1),
-    "structured pruning": lambda: ls.Pruning(amount=0.5, start_epoch=0, end_epoch=1),
+    "MaskPruning": lambda: ls.MaskPruning(amount=0.5, start_epoch=0, end_epoch=1),
+    "structured pruning": lambda: ls.StructuredPruning(amount=0.5, start_epoch=0, end_epoch=1),
     "QuantizationAwareTraining": lambda: ls.QuantizationAwareTraining(),
     "ThroughputBatchSizeFinder": lambda: ls.ThroughputBatchSizeFinder(),
     "LRFinder": lambda: ls.LRFinder(),
@@ -94,9 +94,9 @@ def test_fsdp_mask_pruning_refused_before_any_step(tmp_path):
         strategy=CPUFSDPStrategy(),
         max_epochs=1,
         default_root_dir=tmp_path,
-        callbacks=[REFUSERS["Pruning(mode='unstructured')"]()],
+        callbacks=[REFUSERS["MaskPruning"]()],
     )
-    with pytest.raises(Exception, match=r"not supported by Pruning\(mode='unstructured'\)"):
+    with pytest.raises(Exception, match=r"not supported by MaskPruning"):
         trainer.fit(Net())
     assert trainer.global_step == 0
 

@@ -7,8 +7,8 @@ import torch
 
 from lightning_speedups import (
     ChannelsLast,
-    Pruning,
     SpeedupConfigError,
+    StructuredPruning,
     TorchCompile,
     fast_finetune,
     fast_train,
@@ -55,10 +55,10 @@ def test_recipe_device_datamodule_batches():
 
 def test_recipe_conflicts_and_notes():
     pytest.importorskip("torch_pruning")
-    with pytest.raises(SpeedupConfigError, match=r"`Pruning\(mode='structured'\)` with `TorchCompile` is refused"):
-        check_conflicts([Pruning(amount=0.5), TorchCompile(backend="eager")])
-    with pytest.raises(SpeedupConfigError, match=r"`Pruning\(mode='structured'\)` with `TorchCompile` is refused"):
-        fast_train(compile=True, callbacks=[Pruning(amount=0.5)], precision="32-true")
+    with pytest.raises(SpeedupConfigError, match=r"`StructuredPruning` with `TorchCompile` is refused"):
+        check_conflicts([StructuredPruning(amount=0.5), TorchCompile(backend="eager")])
+    with pytest.raises(SpeedupConfigError, match=r"`StructuredPruning` with `TorchCompile` is refused"):
+        fast_train(compile=True, callbacks=[StructuredPruning(amount=0.5)], precision="32-true")
     kept, notes = check_conflicts([ChannelsLast()], DemoMLP(hidden=(16,)))
     assert kept == [] and "no 2-D convolution" in notes[0]
     recipe = fast_train(model=DemoMLP(hidden=(16,)), channels_last=True, precision="32-true")

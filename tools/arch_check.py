@@ -29,7 +29,18 @@ SHARED = ROOT.parent / "shared" / "tools" / "arch_check.py"
 # starting with a prefix listed here, such as `_measure`, share its layer); modules not listed are not checked for
 # arrows up
 LAYER_MODULES: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_registry", "_compat", "_structure", "_inputs", "_rebuild", "_settings_vocab", "_heads"),
+    (
+        "_errors",
+        "_registry",
+        "_compat",
+        "_structure",
+        "_inputs",
+        "_rebuild",
+        "_settings_vocab",
+        "_heads",
+        "_strategies",
+        "_tokens",
+    ),
     ("measure", "_measure", "_peak"),
     ("optim", "data", "demo"),
     ("functional",),

@@ -20,6 +20,10 @@ the plan by ``margin`` beyond noise. Candidates, in order (:func:`list_candidate
   training step to pay the margin even at zero cost, and only for a
   :class:`~lightning_speedups.optim.SpeedupMixin` model, whose ``optimizer_config`` the plan can set (a plain
   module's ``configure_optimizers`` is its own code: the plan notes where to pass ``fused=True`` instead);
+- ``"optimization"``: the module's optimizer raced in the fit against 3x its learning rate, Muon and schedule-free
+  AdamW (:class:`~lightning_speedups.callbacks.optimizer_race.OptimizerRace`): no trial step, the race's arms train
+  beside the fit's first steps and the winner trains on; left out, with a note, on a run too short for the race to fit
+  in 10% of it;
 - ``"compile"``: ``torch.compile``, kept only where its measured compile time is paid back within the planned run.
 
 The trials take at most 5% of the planned run, or ``budget_s``, counted from the three steps that size it. A
@@ -51,7 +55,7 @@ Example::
 """
 
 # importing a candidate module registers it, in its place (each imports those it is placed relative to)
-from lightning_speedups.autotune import batching, candidates, compile, data  # noqa: F401
+from lightning_speedups.autotune import batching, candidates, compile, data, optimization  # noqa: F401
 from lightning_speedups.autotune.candidates import BATCH_DOUBLING_COST
 from lightning_speedups.autotune.kinds import model_kind
 from lightning_speedups.autotune.plan import TunePlan

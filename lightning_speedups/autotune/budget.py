@@ -1,23 +1,39 @@
 """autotune's trial budget: the step that sizes it, the candidates tried within it, and the note on what did not fit.
 
-The budget (``budget_s``, or 5% of the planned run) counts from before the sizing steps: one untimed step of the
-unchanged model, then three timed ones whose median prices everything else. That warm copy becomes the baseline of
-the first comparison, so its first-call cost is paid once. A candidate is tried only when what is left covers the
-least one decision of it takes (:data:`~lightning_speedups.autotune.trials.PRICES` steps of the current plan,
+The budget (``budget_s``, or :data:`BUDGET_SHARE` = 5% of the planned run) bounds every cost of autotune's first run
+that trains nothing, and counts from before the sizing steps: one untimed step of the unchanged model (its copy and
+first call), then three timed ones whose median prices everything else. That warm copy becomes the baseline of the
+first comparison, so its first-call cost is paid once. A candidate is tried only when what is left covers the least
+one decision of it takes (:data:`~lightning_speedups.autotune.trials.PRICES` steps of the current plan,
 :data:`~lightning_speedups.autotune.trials.COMPARISON_STEPS` = 1 + 2 x 3 for a plain comparison: the candidate's
-warm-up call and three rounds of both), and gets an even share of what is left, but at least that price.
+warm-up call and three rounds of both; the data trial adds the copy of its device twin), and gets an even share of
+what is left, but at least that price. The model copies of a trial are counted as they happen (the deadline is the
+clock's). The in-fit precision trial's own cost, the check of one bf16 step on a copy (:data:`IN_FIT_STEPS`), is
+taken from the budget before any offline candidate; its rounds train, and the slower option's extra time in them is
+bounded by :class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial`'s ``max_cost``.
+
+A run too short to pay back: where the default budget is below :data:`MIN_BUDGET_S`, it is of the order of those
+fixed costs, and a target reached early in such a run turns even a budget spent in full into harm (issue 50's 1-D CNN
+reached its target in under 3 s of a 13 s plan: its 0.65 s budget alone is a fifth of that). There nothing is tried,
+the in-fit trial included (candidates that could not be tried anyway still say why): where the untimed first step (an
+upper bound of the step) already shows it, the three timed steps are not spent either, and one note says what run
+length would be needed. An explicit ``budget_s`` is the user's to spend: it is never cut.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from lightning_speedups.autotune.trials import APPLIES, BLOCKERS, CANDIDATES, Choice, TrialContext
 
 __all__ = [
+    "BUDGET_SHARE",
     "IN_FIT",
     "IN_FIT_MIN_STEPS",
+    "IN_FIT_STEPS",
+    "MIN_BUDGET_S",
     "SIZING_STEPS",
     "InFitRecord",
     "Skipped",
@@ -25,10 +41,18 @@ __all__ = [
     "in_fit_precision",
     "precision_in_fit",
     "run_candidates",
+    "short_run",
+    "short_run_note",
     "size_step",
+    "too_short",
 ]
 
 SIZING_STEPS = 3  # timed, after one untimed: the median of three, so one slow step on a busy machine cannot size it
+BUDGET_SHARE = 0.05  # the default budget: this share of the planned run (its steps at the median sizing step)
+# below this default budget nothing is tried: about what a first run spends that trains nothing whatever it tries (a
+# model copy and first calls, the in-fit trial's check on a copy, a device twin), 0.1-0.2 s for a small CNN on a
+# 2-core CPU, more on a GPU; a planned run of at least MIN_BUDGET_S / BUDGET_SHARE = 20 s gets its trials
+MIN_BUDGET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -40,11 +64,20 @@ class Skipped:
     need: float
 
 
-def size_step(ctx: TrialContext) -> float:
+def size_step(ctx: TrialContext, enough_s: float = 0.0) -> float:
     """The median step of the unchanged model (seconds, data time not counted), remembered in ``ctx`` with its
-    warm step, which the first comparison then times as its baseline without another warm-up."""
+    warm step, which the first comparison then times as its baseline without another warm-up.
+
+    The first call is not a step's price (it carries the first-call costs) but bounds it from above: when it is below
+    ``enough_s`` (a run too short for anything the median would price, see :func:`too_short`), the timed steps are
+    not spent and that bound is returned."""
     one = ctx.step(ctx.plan)
-    one()  # untimed: first-call costs
+    t0 = ctx.clock()
+    one()  # untimed as a price: first-call costs
+    first_s = ctx.clock() - t0
+    if first_s < enough_s:
+        ctx.remember(ctx.plan, one, first_s)
+        return first_s
     times = []
     for _ in range(SIZING_STEPS):
         t0 = ctx.clock()
@@ -53,6 +86,40 @@ def size_step(ctx: TrialContext) -> float:
     step_s = sorted(times)[SIZING_STEPS // 2]
     ctx.remember(ctx.plan, one, step_s)
     return step_s
+
+
+def too_short(planned_steps: int, step_s: float) -> bool:
+    """Whether the default budget of a run of ``planned_steps`` steps of ``step_s`` seconds is below
+    :data:`MIN_BUDGET_S`: a run too short for any trial to pay back, where nothing is tried."""
+    return BUDGET_SHARE * planned_steps * step_s < MIN_BUDGET_S
+
+
+def short_run(ctx: TrialContext, names: list[str]) -> list[str]:
+    """On a run :func:`too_short` for trials: the names of ``names`` not tried for that reason, after one note that
+    says so (first among the notes; the others still say why they could not be tried anyway)."""
+    names = [n for n in names if n not in APPLIES or APPLIES[n](ctx)]
+    blocked = {n: BLOCKERS[n](ctx) for n in names if n in BLOCKERS}
+    ctx.notes += [why for why in blocked.values() if why is not None]
+    left = [n for n in names if blocked.get(n) is None]
+    if left:
+        ctx.notes.insert(0, short_run_note(left, ctx.planned_steps, ctx.step_s))
+    return left
+
+
+def short_run_note(names: list[str], planned_steps: int, step_s: float) -> str:
+    """The one note of a run :func:`too_short` for trials: what its budget would be, and the run length that would
+    pay back."""
+    run_s = planned_steps * step_s
+    need_s = MIN_BUDGET_S / BUDGET_SHARE
+    need_steps = math.ceil(need_s / max(step_s, 1e-12))
+    return (
+        f"{', '.join(names)} not tried: the planned run ({planned_steps} steps of about {step_s:.3f}s, about "
+        f"{run_s:.1f}s) is too short for a trial to pay back: its {BUDGET_SHARE:.0%} trial budget "
+        f"({BUDGET_SHARE * run_s:.2f}s) is of the order of what a first run spends that trains nothing (model copies "
+        "and first calls, the in-fit precision check on a copy, a device twin of the data), and a target reached "
+        f"early in the run would pay for it. A planned run of at least {need_s:.0f}s (about {need_steps} steps of "
+        "this model) would be needed. HINT: pass `budget_s` to measure anyway; the plan runs as you wrote it."
+    )
 
 
 def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], list[Skipped]]:
@@ -83,6 +150,9 @@ def run_candidates(ctx: TrialContext, names: list[str]) -> tuple[list[Choice], l
 # plus about two steps (its bf16 warm-up and the check of one bf16 step on a copy): it is planned only where those two
 # steps are within the same 2%
 IN_FIT_MIN_STEPS = 100
+# what the in-fit trial spends that trains nothing, taken from the trial budget: the check of one bf16 step on a copy
+# (its bf16 warm-up is a step of the fit, and its rounds train)
+IN_FIT_STEPS = 1
 IN_FIT = "in-fit trial"  # the precision choice's value while the fit's own steps decide it
 
 _DEFAULT_NOTE = (

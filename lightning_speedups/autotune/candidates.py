@@ -61,6 +61,12 @@ ONLY_WHEN_NAMED: dict[str, str] = {
         "the gradient noise scale predicts, up to 2x, and the margin). HINT: name it in `candidates` to measure it, "
         "or use ThroughputBatchSizeFinder for the batch with the most samples/s"
     ),
+    # a race that keeps the module's optimizer still costs its other arms' steps (up to 10% of the run): until the
+    # suite shows it never slows a task, it is measured only when named
+    "optimization": (
+        "optimization not raced by default: the race (OptimizerRace: 3x the lr, Muon, schedule-free AdamW) costs up "
+        "to 10% of the run even where the module's own optimizer wins. HINT: name it in `candidates` to race"
+    ),
 }
 
 

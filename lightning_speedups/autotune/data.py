@@ -1,5 +1,8 @@
 """autotune's data-path candidate: device-resident data against the user's DataLoader, when a twin can keep its
-transforms (the demo datamodule protocol, or a plain ``TensorDataset``)."""
+transforms (the demo datamodule protocol, or a plain ``TensorDataset``).
+
+The twin is built once, by the trial: its copy of the training data to the device trains nothing when it is not
+kept, so the trial's price counts it (:func:`twin_copy_s`), and the blocker only asks whether one could be built."""
 
 from __future__ import annotations
 
@@ -9,32 +12,73 @@ from typing import Any
 import torch
 
 import lightning_speedups.autotune.candidates  # noqa: F401  (registers batch_size, which this candidate goes before)
-from lightning_speedups.autotune.trials import Choice, TrialContext, register_candidate
+from lightning_speedups.autotune.trials import COMPARISON_STEPS, Choice, TrialContext, register_candidate
 
-__all__ = ["device_twin"]
+__all__ = ["TWIN_COPY_BYTES_PER_S", "device_twin", "twin_copy_s", "twin_tensors"]
 
 
 def device_twin(ctx: TrialContext) -> tuple[str, Any] | None:
     """``(kind, twin)``: a device-resident twin of the training data (kind ``"datamodule"`` or ``"loader"``), the
-    pair the plan keeps as ``ctx.replacement``; ``None`` when no twin can keep the user's transforms."""
-    from torch.utils.data import TensorDataset
-
+    pair the plan keeps as ``ctx.replacement``; ``None`` when no twin can keep the user's transforms. Building it
+    copies the training tensors to the device: :func:`twin_tensors` says which, without building it."""
     from lightning_speedups.data import DeviceDataLoader
+
+    kind = _twin_kind(ctx)
+    if kind == "datamodule":
+        from lightning_speedups.recipes import device_datamodule
+
+        dm = ctx.datamodule
+        hflip = _batch_augment_flip(dm.transforms(train=True))
+        twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)), hflip=hflip)
+        return "datamodule", twin  # the demo protocol: its transforms become a BatchAugment on the device
+    if kind == "loader":
+        tensors = ctx.loader.dataset.tensors
+        loader = DeviceDataLoader(*tensors, batch_size=ctx.loader.batch_size, shuffle=True, device=ctx.device)
+        return "loader", loader
+    return None
+
+
+def _twin_kind(ctx: TrialContext) -> str | None:
+    """The kind of twin :func:`device_twin` would build (``None``: none can keep the transforms), without building
+    it: the blocker asks before the budget is weighed, and must not spend a copy of the data to the device."""
+    from torch.utils.data import TensorDataset
 
     dm = ctx.datamodule
     if dm is not None and all(hasattr(dm, a) for a in ("train_images", "train_labels", "transforms")):
-        from lightning_speedups.recipes import device_datamodule
-
-        hflip = _batch_augment_flip(dm.transforms(train=True))
-        if hflip is None:
-            return None
-        twin = device_datamodule(dm, batch_size=int(getattr(dm, "batch_size", 64)), hflip=hflip)
-        return "datamodule", twin  # the demo protocol: its transforms become a BatchAugment on the device
-    dataset = getattr(ctx.loader, "dataset", None)
-    if type(dataset) is TensorDataset:  # no per-sample transform to lose
-        loader = DeviceDataLoader(*dataset.tensors, batch_size=ctx.loader.batch_size, shuffle=True, device=ctx.device)
-        return "loader", loader
+        return None if _batch_augment_flip(dm.transforms(train=True)) is None else "datamodule"
+    if type(getattr(ctx.loader, "dataset", None)) is TensorDataset:  # no per-sample transform to lose
+        return "loader"
     return None
+
+
+def twin_tensors(ctx: TrialContext) -> list[torch.Tensor]:
+    """The tensors a device twin of the training data copies to ``ctx.device`` (none when it cannot be built)."""
+    kind = _twin_kind(ctx)
+    if kind == "datamodule":
+        return [t for t in (ctx.datamodule.train_images, ctx.datamodule.train_labels) if isinstance(t, torch.Tensor)]
+    if kind == "loader":
+        return list(ctx.loader.dataset.tensors)
+    return []
+
+
+# host-to-device copies from pageable memory run at about 3-12 GB/s on PCIe GPUs: the slow end prices the twin
+TWIN_COPY_BYTES_PER_S = 3e9
+
+
+def twin_copy_s(ctx: TrialContext) -> float:
+    """Seconds the device twin's copy of the training data costs (0 on a CPU, where the twin keeps the tensors)."""
+    if ctx.device.type == "cpu":
+        return 0.0
+    return (
+        sum(t.numel() * t.element_size() for t in twin_tensors(ctx) if t.device.type != ctx.device.type)
+        / TWIN_COPY_BYTES_PER_S
+    )
+
+
+def _price(ctx: TrialContext) -> float:
+    """A plain comparison and the twin's copy to the device (in plan steps): the copy trains nothing when the twin
+    is not kept, so the budget counts it."""
+    return COMPARISON_STEPS + twin_copy_s(ctx) / max(ctx.step_s, 1e-12)
 
 
 # the per-sample transforms a BatchAugment repeats on the device (crop with padding, flip, then scale and normalise)
@@ -56,7 +100,7 @@ def _data_blocker(ctx: TrialContext) -> str | None:
             f"data path not tried: the plan batches the data with SequenceBatching "
             f"({ctx.plan['batching']}), which rebuilds the host DataLoader"
         )
-    if device_twin(ctx) is None:
+    if _twin_kind(ctx) is None:
         dataset = getattr(ctx.loader, "dataset", None)
         what = "no dataset" if dataset is None else f"a {type(dataset).__name__}"
         return (
@@ -125,5 +169,10 @@ def _fetches(ctx: TrialContext, loader: Any, scale: int, step: Callable[[], None
 
 
 register_candidate(
-    "data", _data, before="batch_size", applies=lambda ctx: ctx.loader is not None, blocker=_data_blocker
+    "data",
+    _data,
+    steps=_price,
+    before="batch_size",
+    applies=lambda ctx: ctx.loader is not None,
+    blocker=_data_blocker,
 )

@@ -17,17 +17,25 @@ the kind's default plan). Other kinds do not get it by default: one note says wh
   ``scaled_dot_product_attention`` or ``multi_head_attention_forward``, or a matmul, then a softmax over a tensor of
   at least 3 dimensions, then a matmul again (attention written by hand);
 - ``"recurrent"``: a GRU, LSTM or RNN (layer or cell);
-- ``"conv"``: an ``nn.Conv2d``, with no attention and no recurrence;
+- ``"conv"``: a convolution of any dimension (``nn.Conv1d``, ``nn.Conv2d``, ``nn.Conv3d`` or a transposed one: a 1-D
+  CNN over signals or audio, an image CNN, a video or volume CNN), with no attention and no recurrence;
 - ``"mlp"``: anything else.
 
 A CNN with "attention" blocks (squeeze-and-excitation named so, say) reads as a transformer: the conservative side,
 since the only cost is a method left out of the default plan.
+
+The conv rows of :data:`EVIDENCE` are all image (2-D) CNN tasks, and a 1-D or 3-D CNN shares them. Today that decides
+nothing by default (a conv task slowed each method, so no kind has it), and a user who names a method sees the image
+tasks by name. A new row where a method helps conv models would add it to the default plan of 1-D CNNs too: check it
+first on the workload suite's 1-D CNN (``signal_cnn1d``).
 
 Example::
 
     >>> from torch import nn
     >>> model_kind(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())), model_kind(nn.GRU(4, 4))
     ('conv', 'recurrent')
+    >>> model_kind(nn.Sequential(nn.Conv1d(3, 8, 7), nn.ReLU())), model_kind(nn.Conv3d(1, 4, 3))
+    ('conv', 'conv')
     >>> proven_kinds("ema"), proven_kinds("schedule")
     ((), ())
 """
@@ -127,6 +135,8 @@ _ATTENTION_LAYERS = (
     nn.TransformerEncoderLayer,
     nn.TransformerDecoderLayer,
 )
+# every dimension, transposed too (the Lazy* layers subclass these): a 1-D CNN over signals is as much a conv model
+_CONV_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _ATTENTION_NAME = re.compile(r"attn|attention", re.IGNORECASE)
 
 
@@ -242,6 +252,6 @@ def model_kind(model: nn.Module, batch: Any = None) -> str:
     modules = list(model.modules())
     if any(isinstance(m, (nn.RNNBase, nn.RNNCellBase)) for m in modules):
         return "recurrent"
-    if any(isinstance(m, nn.Conv2d) for m in modules):
+    if any(isinstance(m, _CONV_LAYERS) for m in modules):
         return "conv"
     return "mlp"

@@ -9,13 +9,14 @@ with the same param groups and defaults plus ``fused=True`` / ``foreach=True``.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from typing import Any
 
 import lightning as L
 import torch
 from torch import nn
+
+from lightning_speedups._rebuild import init_arguments
 
 __all__ = [
     "PlannedRun",
@@ -174,20 +175,12 @@ def trial_optimizer(
     return found[0], None
 
 
-def _init_arguments(cls: type) -> set[str] | None:
-    """The keyword arguments ``cls.__init__`` takes (``None``: any, it has ``**kwargs``)."""
-    params = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params}
-
-
 def with_implementation(optimizer: torch.optim.Optimizer, implementation: str | None) -> torch.optim.Optimizer:
     """``optimizer``'s class re-created on the same param groups and defaults with ``fused=True`` or
     ``foreach=True``; ``optimizer`` itself when ``implementation`` is neither or the class does not accept it."""
     if implementation not in _KERNEL_KEYS:
         return optimizer
-    accepted = _init_arguments(type(optimizer))
+    accepted = init_arguments(type(optimizer))
     if accepted is not None and implementation not in accepted:
         return optimizer
     kernel = {k: True if k == implementation else None for k in _KERNEL_KEYS if accepted is None or k in accepted}

@@ -150,6 +150,7 @@ class TunePlan:
                 f"{c.trials} rounds  {c.note}"
             )
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  race: {cb.note}" for cb in self.callbacks if type(cb).__name__ == "OptimizerRace" and cb.note]
         return "\n".join(lines)
 
 
@@ -203,6 +204,10 @@ def build_plan(
         from lightning_speedups.callbacks.channels_last import ChannelsLast
 
         callbacks.append(ChannelsLast())
+    if settings.get("optimizer_race"):
+        from lightning_speedups.callbacks.optimizer_race import OptimizerRace
+
+        callbacks.append(OptimizerRace())
     if settings.get("compile"):
         from lightning_speedups.callbacks.compile import TorchCompile
 

@@ -16,13 +16,18 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups.autotune.budget import (
+    BUDGET_SHARE,
     IN_FIT_MIN_STEPS,
+    IN_FIT_STEPS,
+    MIN_BUDGET_S,
     InFitRecord,
     budget_note,
     in_fit_precision,
     precision_in_fit,
     run_candidates,
+    short_run,
     size_step,
+    too_short,
 )
 from lightning_speedups.autotune.candidates import ONLY_WHEN_NAMED
 from lightning_speedups.autotune.data import device_twin
@@ -310,9 +315,12 @@ def _larger_budget(cached: dict[str, Any], budget_s: float | None) -> bool:
 
 def _size_budget(ctx: TrialContext, budget_s: float | None, start: float) -> tuple[float, float]:
     """The unchanged model's median step (seconds) and the trial budget: ``budget_s``, else 5% of the planned run
-    at that step (data time not counted); ``ctx``'s deadline is set ``start`` + the budget."""
-    step_s = size_step(ctx)
-    budget = 0.05 * ctx.planned_steps * step_s if budget_s is None else budget_s
+    at that step (data time not counted); ``ctx``'s deadline is set ``start`` + the budget. With the default budget,
+    a run whose untimed first step already shows it too short (:func:`~lightning_speedups.autotune.budget.too_short`)
+    spends no timed step: that first call, an upper bound of the step, sizes it."""
+    enough_s = MIN_BUDGET_S / (BUDGET_SHARE * max(ctx.planned_steps, 1)) if budget_s is None else 0.0
+    step_s = size_step(ctx, enough_s)
+    budget = BUDGET_SHARE * ctx.planned_steps * step_s if budget_s is None else budget_s
     ctx.deadline = start + budget
     return step_s, budget
 
@@ -322,12 +330,20 @@ def _run_candidates(
 ) -> tuple[list[Choice], list[str]]:
     """The candidates' choices and the names the budget could not fit; one note first on those. Precision is timed
     in the fit where :func:`~lightning_speedups.autotune.budget.precision_in_fit` holds, or where the budget could
-    not fit it on a run long enough for the in-fit trial."""
-    in_fit = "precision" in names and precision_in_fit(ctx)
+    not fit it on a run long enough for the in-fit trial; either way the in-fit check's step comes out of the budget
+    first. A run too short for any trial to pay back (a default budget below
+    :data:`~lightning_speedups.autotune.budget.MIN_BUDGET_S`) tries nothing, with one note."""
+    if planned_run_s is not None and too_short(ctx.planned_steps, ctx.step_s):
+        return [], short_run(ctx, names)
+    in_fit_s = IN_FIT_STEPS * ctx.step_s  # the check of one bf16 step on a copy: it trains nothing
+    in_fit = "precision" in names and precision_in_fit(ctx) and ctx.budget_left() >= in_fit_s
+    if in_fit:
+        ctx.deadline -= in_fit_s
     choices, skipped = run_candidates(ctx, [n for n in names if not (in_fit and n == "precision")])
     if in_fit:
         choices.insert(0, in_fit_precision(ctx, by_default=True))
-    if any(s.name == "precision" for s in skipped) and ctx.planned_steps >= IN_FIT_MIN_STEPS and not ctx.no_bf16:
+    fallback = ctx.planned_steps >= IN_FIT_MIN_STEPS and not ctx.no_bf16 and ctx.budget_left() >= in_fit_s
+    if any(s.name == "precision" for s in skipped) and fallback:
         skipped = [s for s in skipped if s.name != "precision"]  # timed on the fit's own steps instead
         choices.insert(0, in_fit_precision(ctx))
     measured = bool(choices)  # the in-fit trial measures too: the note must not open with "nothing measured"

@@ -54,6 +54,7 @@ from lightning_speedups.benchmarks.lr_grid import QUICK_OVERRIDES, NoLr, with_lr
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.muon import Muon
+from lightning_speedups.callbacks.optimizer_race import OptimizerRace
 from lightning_speedups.callbacks.schedule_free import ScheduleFreeSwitch
 from lightning_speedups.measure import interleaved_timings, machine_info, make_train_step, median, model_copy
 from lightning_speedups.measure.models import training_step_loss
@@ -72,7 +73,11 @@ __all__ = [
     "transformer_median",
 ]
 
-METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd")
+METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd", "race")
+# OptimizerRace's arguments for the "race" method (``--race-arms``, ``--race-min-steps``; default: its defaults)
+RACE_KWARGS: dict[str, Any] = {}
+# the method whose step a race's winner trains with (its time to the target is priced at that step)
+RACE_WINNER_METHOD = {"own": "own", "own_lr_x3": "own", "muon": "muon", "schedule_free_adamw": "schedule_free_adamw"}
 LR_GRID_JSON = Path(__file__).resolve().parents[2] / "docs" / "_data" / "lr_grid.json"
 ROW_KEYS = (
     "task",
@@ -94,6 +99,8 @@ ROW_KEYS = (
     "notes",
     "no_bf16",
     "machine",
+    "winner",
+    "race_cost_steps",
 )
 
 
@@ -142,6 +149,8 @@ def _callbacks(method: str, no_bf16: bool) -> list[Callback]:
         return [_ToScheduleFree(), ScheduleFreeSwitch()]
     if method == "wsd":
         return [FastSchedule(warmup=0.05, peak_factor=1.0, decay="wsd", decay_fraction=0.2)]
+    if method == "race":
+        return [OptimizerRace(**RACE_KWARGS)]
     return []
 
 
@@ -215,11 +224,12 @@ def _measure(task: str, seed: int, method: str, factor: float, no_bf16: bool, qu
         row["notes"] = f"not applicable: {reason}"
         return row
     seen: dict[str, float] = {}
+    callbacks = _callbacks(method, no_bf16)
     try:
         result = time_to_target(
             with_lr(w, factor, seen),
             seed,
-            callbacks=_callbacks(method, no_bf16),
+            callbacks=callbacks,
             trainer_overrides=QUICK_OVERRIDES if quick else None,
             small=quick,
         )
@@ -235,6 +245,11 @@ def _measure(task: str, seed: int, method: str, factor: float, no_bf16: bool, qu
         steps=result["steps"],
         train_s=result["train_s"],
     )
+    for cb in callbacks:
+        if isinstance(cb, OptimizerRace):  # the race's own cost, in the module's steps, and what it chose
+            row["winner"] = cb.winner
+            row["race_cost_steps"] = cb.cost_s / cb.own_step_s if cb.own_step_s else 0.0
+            row["notes"] = cb.note
     return row
 
 
@@ -267,7 +282,7 @@ def run(
             r["task"] == task and r["method"].startswith("step_time:") and r["no_bf16"] == no_bf16 for r in rows
         )
         if timings and not quick and not timed:
-            for method, seconds in step_times(task, methods, no_bf16).items():
+            for method, seconds in step_times(task, [m for m in methods if m != "race"], no_bf16).items():
                 row = {**dict.fromkeys(ROW_KEYS), "task": task, "method": f"step_time:{method}", "no_bf16": no_bf16}
                 row.update(step_s=seconds, machine=machine)
                 rows.append(row)
@@ -278,8 +293,8 @@ def run(
             order = list(methods[seed % len(methods) :]) + list(methods[: seed % len(methods)])
             for factor in factors:
                 for method in order:
-                    if (task, seed, method, factor, no_bf16) in done:
-                        continue
+                    if (task, seed, method, factor, no_bf16) in done or (method == "race" and factor != 1.0):
+                        continue  # the race tries other rates itself: it starts from the module's own
                     try:
                         row = _measure(task, seed, method, factor, no_bf16, quick)
                     except NoLr as reason:
@@ -320,6 +335,18 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _race_steps(r: dict[str, Any], step_s: dict[tuple[Any, ...], float], task: str, no_bf16: bool) -> float:
+    """A run's steps to the target (its whole run where not reached); for a race, in the module's own steps: its
+    cost added, and the steps after the race at the winner's price (a Muon step costs more than an AdamW one)."""
+    steps = r["steps_to_target"] if r["steps_to_target"] is not None else r["steps"]
+    if r["method"] != "race":
+        return steps
+    own = step_s.get((task, no_bf16, "own"))
+    winner = step_s.get((task, no_bf16, RACE_WINNER_METHOD.get(r.get("winner") or "own", "own")))
+    scale = winner / own if own and winner else 1.0
+    return steps * scale + (r.get("race_cost_steps") or 0.0)
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per task, path (bf16 or not) and method: the factor with the shortest median time to the target, its median
     steps, time and final quality, and ``ratio``: the task's own optimizer's best median time over this one's (> 1:
@@ -339,12 +366,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not task_rows:  # a path only timed: the other path's runs give the steps (`steps_from`)
             task_rows = [{**r, "no_bf16": no_bf16} for r in runs_only if r["task"] == task]
         per: dict[str, dict[str, Any]] = {}
+        plain: float | None = None  # the task's own optimizer at its own lr: what a user starts from
         for method in METHODS:
-            price = step_s.get((task, no_bf16, "own" if method == "wsd" else method))
+            price = step_s.get((task, no_bf16, "own" if method in ("wsd", "race") else method))
             cells = []
             for factor in sorted({r["lr_factor"] for r in task_rows if r["method"] == method}):
                 runs = [r for r in task_rows if r["method"] == method and r["lr_factor"] == factor]
-                steps = [r["steps_to_target"] if r["steps_to_target"] is not None else r["steps"] for r in runs]
+                steps = [_race_steps(r, step_s, task, no_bf16) for r in runs]
                 wall = [r["time_to_target_s"] if r["time_to_target_s"] is not None else r["train_s"] for r in runs]
                 cells.append(
                     {
@@ -366,9 +394,12 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             if cells:
                 per[method] = min(cells, key=lambda c: (-c["reached"], c["time_s"]))
+            if method == "own":
+                plain = next((c["time_s"] for c in cells if c["lr_factor"] == 1.0), None)
         base = per.get("own")
         for cell in per.values():
             cell["ratio"] = base["time_s"] / cell["time_s"] if base and cell["time_s"] else None
+            cell["ratio_plain"] = plain / cell["time_s"] if plain and cell["time_s"] else None
             out.append(cell)
     return out
 
@@ -377,14 +408,15 @@ def format_summary(cells: list[dict[str, Any]]) -> str:
     """The summary as a table of at most 120 columns, one line per task and method."""
     lines = [
         f"{'task':16} {'path':7} {'method':20} {'lr x':>5} {'reached':>7} {'time to target':>14} "
-        f"{'steps':>6} {'final':>8} {'vs own':>7}"
+        f"{'steps':>6} {'final':>8} {'vs own':>7} {'vs plain':>8}"
     ]
     for c in cells:
         path = "no-bf16" if c["no_bf16"] else "auto"
         ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        plain = "-" if c.get("ratio_plain") is None else f"{c['ratio_plain']:.2f}x"
         lines.append(
             f"{c['task']:16} {path:7} {c['method']:20} {c['lr_factor']:>5g} {c['reached']:>3}/{c['runs']:<3} "
-            f"{c['time_s']:>12.1f} s {c['steps']:>6.0f} {c['final']:>8.4g} {ratio:>7}"
+            f"{c['time_s']:>12.1f} s {c['steps']:>6.0f} {c['final']:>8.4g} {ratio:>7} {plain:>8}"
         )
     return "\n".join(lines)
 
@@ -392,21 +424,25 @@ def format_summary(cells: list[dict[str, Any]]) -> str:
 def format_markdown(cells: list[dict[str, Any]]) -> str:
     """The summary as a markdown table (the evidence page), with how each time was taken."""
     lines = [
-        "| task | path | method | lr x | reached | steps to target | time to target | final | vs own |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | path | method | lr x | reached | steps to target | time to target | final | vs own | vs plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        plain = "-" if c.get("ratio_plain") is None else f"{c['ratio_plain']:.2f}x"
         lines.append(
             f"| {c['task']} | {'no-bf16' if c['no_bf16'] else 'auto'} | {c['method']} | {c['lr_factor']:g} | "
             f"{c['reached']}/{c['runs']} | {c['steps']:.0f} | {c['time_s']:.1f} s ({c['clock']}) | "
-            f"{c['final']:.4g} | {ratio} |"
+            f"{c['final']:.4g} | {ratio} | {plain} |"
         )
     lines.append(
         "\nTimes: median steps to the target x the method's median step time, both steps timed interleaved on one "
         "batch (timed), or the runs' wall time where no step was timed (wall); a run that never reached the target "
         "counts its whole run. Best factor per method (x1: the task's lr; the other: the LR grid's best for the "
-        "task's own optimizer). vs own: the task's own optimizer's time at its best factor over this one's. *: the "
+        "task's own optimizer). vs own: the task's own optimizer's time at its best factor over this one's; vs "
+        "plain: at its own lr (x1), what a user starts from. race: OptimizerRace from the task's own optimizer at x1, "
+        "its steps counted in the module's steps (its cost added, the steps after it at the winner's step time). "
+        "*: the "
         "steps of the other path's runs (Muon's Newton-Schulz in bf16), priced at this path's step time."
     )
     return "\n".join(lines)
@@ -437,7 +473,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs-only", action="store_true", help="train the runs, time no step")
     parser.add_argument("--step-times-only", action="store_true", help="time the steps, train no run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--race-arms", default=None, help="the race method's arms, comma-separated (OptimizerRace)")
+    parser.add_argument("--race-min-steps", type=int, default=None, help="the race method's min_steps")
     args = parser.parse_args(argv)
+    if args.race_arms:
+        RACE_KWARGS["arms"] = comma_list(args.race_arms)
+    if args.race_min_steps:
+        RACE_KWARGS["min_steps"] = args.race_min_steps
     tasks = comma_list(args.tasks) or list_workloads()
     methods = comma_list(args.methods) or list(METHODS)
     seeds = [int(s) for s in comma_list(args.seeds) or ["0"]]

@@ -15,17 +15,18 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 from typing_extensions import override
 
-from lightning_speedups._compat import fit_train_dataloader
+from lightning_speedups._compat import after_batch_to_device, fit_train_dataloader
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int
 from lightning_speedups._inputs import (
+    call_model,
     candidate_inputs,
     example_from_batch,
     first_batch,
     flat_tensors,
     head_samples,
+    train_mode,
 )
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups.callbacks._resize_hooks import after_batch_to_device
 from lightning_speedups.functional.progressive_resizing import (
     INTERPOLATIONS,
     MODES,
@@ -45,22 +46,12 @@ def _at_least_two(batch: Any) -> Any:
     )
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
-
-
 def _train_forward_error(model: nn.Module, inputs: Any) -> tuple[str, str] | None:
     """Why one forward fails the way a training step runs it (train mode, with gradients), or ``None`` if it runs.
 
     Returns ``("Type: message", "`name` (Type)")``, the second naming the innermost module that raised. The model
     is left as it was: train/eval flags, buffers (BatchNorm running statistics) and the RNG state are restored.
     """
-    modes = {m: m.training for m in model.modules()}
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     stack: list[str] = []  # names of the modules entered and not yet left: the last one raised
 
     def enter(name: str) -> Callable[..., None]:
@@ -76,11 +67,9 @@ def _train_forward_error(model: nn.Module, inputs: Any) -> tuple[str, str] | Non
     for name, mod in model.named_modules():
         handles.append(mod.register_forward_pre_hook(enter(name)))
         handles.append(mod.register_forward_hook(leave))
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():  # dropout draws: the global RNG is kept
-            model.train()
-            _call(model, inputs)
+        with train_mode(model), torch.enable_grad():  # dropout draws: the global RNG is kept
+            call_model(model, inputs)
         return None
     except Exception as err:  # any failure of the user's forward
         name = stack[-1] if stack else ""
@@ -89,11 +78,6 @@ def _train_forward_error(model: nn.Module, inputs: Any) -> tuple[str, str] | Non
     finally:
         for h in handles:
             h.remove()
-        with torch.no_grad():
-            for buf, saved in buffers:
-                buf.copy_(saved)
-        for m, mode in modes.items():
-            m.training = mode
 
 
 class ProgressiveResizing(Callback):

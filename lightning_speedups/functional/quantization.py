@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
+from lightning_speedups._heads import CONV_LINEAR
 from lightning_speedups.functional.float8 import (
     FLOAT8_RECIPES,
     Float8Summary,
@@ -146,12 +147,11 @@ def _float_copy(model: nn.Module) -> nn.Module:
 
 
 def _float_layers(model: nn.Module) -> list[str]:
-    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     # torchao keeps the module class and swaps the weight for an int8 tensor subclass: only plain tensors are float
     return [
         n
         for n, m in model.named_modules()
-        if (type(m) in kinds or is_fake_quantized(m)) and type(m.weight.data) is torch.Tensor
+        if (type(m) in CONV_LINEAR or is_fake_quantized(m)) and type(m.weight.data) is torch.Tensor
     ]
 
 

@@ -22,6 +22,7 @@ from lightning_speedups.optim.optimizers import get_optimizer_info
 __all__ = [
     "ADAPTIVE_OPTIMIZERS",
     "LR_SCALING",
+    "RATE_KEYS",
     "auto_lr_rule",
     "auto_lr_rule_for_name",
     "lr_factor",
@@ -48,7 +49,8 @@ ADAPTIVE_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (
 # adaptive optimizers outside torch.optim, by class name: the Muon / AdamW hybrid normalises its updates too
 _ADAPTIVE_NAMES = ("MuonWithAdamW", "Muon")
 # the per-optimizer keys of a param group that hold learning rates (OneCycleLR keeps its peak and floor there)
-_GROUP_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
+# the learning rates a param group holds (its own, and those schedulers keep there)
+RATE_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")
 # a scheduler's own learning rates: its bases, CyclicLR's peaks, ReduceLROnPlateau's floors, the cosine floor
 _SCHEDULER_LISTS = ("base_lrs", "max_lrs", "min_lrs")
 _SCHEDULER_FLOATS = ("eta_min",)
@@ -161,7 +163,7 @@ def scale_optimizer_lrs(optimizer: torch.optim.Optimizer, schedulers: Iterable[A
     if factor == 1.0:
         return
     for group in optimizer.param_groups:
-        for key in _GROUP_KEYS:
+        for key in RATE_KEYS:
             value = group.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 group[key] = value * factor

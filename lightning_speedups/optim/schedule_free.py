@@ -40,6 +40,7 @@ __all__ = [
     "create_schedule_free_sgd",
     "eval_weights_into_checkpoint",
     "fit_eval_weights",
+    "fit_train_batches",
     "fit_train_weights",
     "in_train_mode",
     "is_schedule_free",
@@ -432,7 +433,7 @@ def fit_eval_weights(trainer: Any, pl_module: Any, bn_batches: int) -> ModeSwitc
     optimizers = trainer.optimizers
     if trainer.sanity_checking or not any(is_schedule_free(o) and in_train_mode(o) for o in optimizers):
         return schedule_free_eval(optimizers)
-    batches = _train_batches(trainer, pl_module, bn_batches)
+    batches = fit_train_batches(trainer, pl_module, bn_batches)
     try:
         with torch.random.fork_rng(devices=[]), trainer.precision_plugin.forward_context():
             switch = schedule_free_eval(optimizers, pl_module, batches, bn_batches)
@@ -447,7 +448,7 @@ def fit_eval_weights(trainer: Any, pl_module: Any, bn_batches: int) -> ModeSwitc
     return switch
 
 
-def _train_batches(trainer: Any, pl_module: Any, limit: int) -> Generator[Any, None, None]:
+def fit_train_batches(trainer: Any, pl_module: Any, limit: int) -> Generator[Any, None, None]:
     """Up to ``limit`` training batches, on the device, as the fit loop prepares them; none where that is unsafe."""
     loader = trainer.train_dataloader
     if not limit or loader is None:

@@ -152,7 +152,7 @@ def test_progressive_resizing_plain_tensor_batches():
 
 def test_after_batch_to_device_hook_sees_train_and_val_batches():
     """The seam: Lightning's loops move every batch with strategy.batch_to_device and use what it returns."""
-    from lightning_speedups.callbacks._resize_hooks import after_batch_to_device
+    from lightning_speedups._compat import after_batch_to_device
 
     trainer = quiet_trainer(max_steps=2, limit_val_batches=1, val_check_interval=2)
     model = Recorder()
@@ -169,7 +169,7 @@ def test_after_batch_to_device_hook_sees_train_and_val_batches():
     trainer.callbacks.append(Install())
     trainer.fit(model, _loader(), _loader())
     assert calls == [True, True, False], (
-        "Lightning's loops no longer move batches with strategy.batch_to_device: update callbacks/_resize_hooks.py"
+        "Lightning's loops no longer move batches with strategy.batch_to_device: update _compat.after_batch_to_device"
     )
     assert model.seen == {"train": [8, 8], "val": [8]}
     after_batch_to_device(trainer.strategy, "test", None)

@@ -1,4 +1,4 @@
-"""Pruning(mode="unstructured") on decoder LMs (issue 51): a minimal GPT (tied ``lm_head``, loss in ``forward``) and a
+"""MaskPruning on decoder LMs (issue 51): a minimal GPT (tied ``lm_head``, loss in ``forward``) and a
 tiny Hugging Face GPT-2 (``Conv1D`` layers) fit, resume to the uninterrupted run's weights and reload."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_speedups import load_checkpoint
-from lightning_speedups.callbacks.pruning import Pruning
+from lightning_speedups.callbacks.pruning import MaskPruning
 from lightning_speedups.functional.pruning import masked_modules
 from tests.helpers import quiet_trainer
 from tests.lm_models import IDX_SEED, LMModule
 
 
-def _fit(net: str, root, ckpt_path=None, seed: int = 0) -> tuple[LMModule, L.Trainer, Pruning]:
+def _fit(net: str, root, ckpt_path=None, seed: int = 0) -> tuple[LMModule, L.Trainer, MaskPruning]:
     L.seed_everything(seed)
     model = LMModule(net, n=16)
-    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0, end_epoch=1, steps=2)
+    cb = MaskPruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2)
     ckpt = ModelCheckpoint(dirpath=root, filename="{epoch}", save_top_k=-1, every_n_epochs=1)
     trainer = quiet_trainer(max_epochs=2, callbacks=[cb, ckpt], enable_checkpointing=True, default_root_dir=root)
     trainer.fit(model, ckpt_path=ckpt_path)

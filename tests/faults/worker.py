@@ -58,7 +58,7 @@ def technique(name: str) -> L.Callback:
     import lightning_speedups as ls
 
     if name == "pruning":
-        return ls.Pruning(amount=0.5, start_epoch=1, end_epoch=2, steps=2)
+        return ls.StructuredPruning(amount=0.5, start_epoch=1, end_epoch=2, steps=2)
     if name == "freezing":
         return ls.FineTuneFreezing(backbone="backbone", unfreeze_at_epoch=2, verbose=False)
     if name == "qat":

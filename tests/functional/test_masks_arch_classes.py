@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_speedups import _compat, load_checkpoint
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.callbacks.pruning import Pruning
-from lightning_speedups.functional._mask_pruning import maskable_names, prune_unstructured
-from lightning_speedups.functional._masks import (
+from lightning_speedups.callbacks.pruning import MaskPruning
+from lightning_speedups.functional.pruning.common import sparsity_report
+from lightning_speedups.functional.pruning.masks import (
     attach_mask,
     clean_pruned_state_dict,
     make_pruning_permanent,
@@ -26,8 +26,8 @@ from lightning_speedups.functional._masks import (
     resolve_mask_key,
     weight_mask,
 )
-from lightning_speedups.functional._prune_common import sparsity_report
-from lightning_speedups.functional._pruned_records import load_pruned, save_pruned
+from lightning_speedups.functional.pruning.records import load_pruned, save_pruned
+from lightning_speedups.functional.pruning.unstructured import maskable_names, prune_unstructured
 from lightning_speedups.functional.qat import prepare_qat, qat_record
 from tests.helpers import quiet_trainer
 
@@ -157,7 +157,7 @@ class _RecurrentModule(L.LightningModule):
 def _fit_recurrent(max_epochs: int, ckpt_path=None, **trainer_kw):
     L.seed_everything(0, verbose=False)
     model = _RecurrentModule()
-    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0, end_epoch=1, steps=2, make_permanent=False)
+    cb = MaskPruning(amount=0.5, start_epoch=0, end_epoch=1, steps=2, make_permanent=False)
     trainer = quiet_trainer(max_epochs=max_epochs, limit_train_batches=2, callbacks=[cb], **trainer_kw)
     trainer.fit(model, ckpt_path=ckpt_path)
     return model, trainer
@@ -229,14 +229,14 @@ def test_masks_weight_norm_fit_reload_resume(tmp_path):
     L.seed_everything(0, verbose=False)
     model = _WeightNormModule()
     dense_params = sum(p.numel() for p in model.parameters())
-    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0, make_permanent=False)
+    cb = MaskPruning(amount=0.5, start_epoch=0, make_permanent=False)
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, callbacks=[cb])
     trainer.fit(model)
     trainer.save_checkpoint(tmp_path / "wn.ckpt")
     x = torch.randn(2, 4, 7)
     torch.testing.assert_close(load_checkpoint(_WeightNormModule(), tmp_path / "wn.ckpt")(x), model(x))
     resumed = _WeightNormModule()
-    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0)  # folds the mask in at the end
+    cb = MaskPruning(amount=0.5, start_epoch=0)  # folds the mask in at the end
     quiet_trainer(max_epochs=2, limit_train_batches=2, callbacks=[cb]).fit(resumed, ckpt_path=tmp_path / "wn.ckpt")
     assert not named_masks(resumed) and _compat.is_weight_norm(resumed.net.conv.parametrizations.weight[0])
     assert sum(p.numel() for p in resumed.parameters()) == dense_params
@@ -244,7 +244,7 @@ def test_masks_weight_norm_fit_reload_resume(tmp_path):
     # the same as not stopping: the checkpoint carries each masked weight norm's raw (g, v) for the resume
     L.seed_everything(0, verbose=False)
     straight = _WeightNormModule()
-    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0)
+    cb = MaskPruning(amount=0.5, start_epoch=0)
     quiet_trainer(max_epochs=2, limit_train_batches=2, callbacks=[cb]).fit(straight)
     assert torch.equal(resumed.net.conv.weight, straight.net.conv.weight)
 
@@ -350,7 +350,7 @@ class _VersionedModule(L.LightningModule):
 
 def test_masks_pruning_checkpoint_keeps_version_metadata(tmp_path):
     L.seed_everything(0, verbose=False)
-    cb = Pruning(mode="unstructured", amount=0.5, start_epoch=0, make_permanent=False)
+    cb = MaskPruning(amount=0.5, start_epoch=0, make_permanent=False)
     model = _VersionedModule()
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=2, callbacks=[cb])
     trainer.fit(model)
@@ -358,6 +358,6 @@ def test_masks_pruning_checkpoint_keeps_version_metadata(tmp_path):
     fresh = load_checkpoint(_VersionedModule(), tmp_path / "v.ckpt")
     x = torch.randn(3, 4)
     torch.testing.assert_close(fresh.eval()(x), model.eval()(x))
-    resume = Pruning(mode="unstructured", amount=0.5, start_epoch=0, make_permanent=False)
+    resume = MaskPruning(amount=0.5, start_epoch=0, make_permanent=False)
     trainer = quiet_trainer(max_epochs=2, limit_train_batches=2, callbacks=[resume])
     trainer.fit(_VersionedModule(), ckpt_path=tmp_path / "v.ckpt")  # the strict resume load reads the versions

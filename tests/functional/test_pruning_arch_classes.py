@@ -94,7 +94,7 @@ def test_training_only_branch_fit_with_callback():
     import lightning as L
     import torch.nn.functional as F
 
-    from lightning_speedups import Pruning
+    from lightning_speedups import StructuredPruning
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -117,7 +117,7 @@ def test_training_only_branch_fit_with_callback():
         torch.utils.data.TensorDataset(torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))), batch_size=4
     )
     module = Module()
-    callback = Pruning(amount=0.5)
+    callback = StructuredPruning(amount=0.5)
     trainer = L.Trainer(
         max_epochs=1,
         accelerator="cpu",

@@ -117,15 +117,15 @@ def _techniques() -> dict[str, Technique]:
         _variant(
             "pruning_mask",
             "pruning",
-            lambda: ls.Pruning(mode="unstructured", amount=0.5, start_epoch=0),
-            "Pruning(mode='unstructured', amount=0.5, start_epoch=0)",
+            lambda: ls.MaskPruning(amount=0.5, start_epoch=0),
+            "MaskPruning(amount=0.5, start_epoch=0)",
         ),
         # structural pruning after an epoch of training: optimizer state carried over, resume prunes the dense model
         _variant(
             "pruning_epoch1",
             "pruning",
-            lambda: ls.Pruning(amount=0.5, start_epoch=1),
-            "Pruning(amount=0.5, start_epoch=1)",
+            lambda: ls.StructuredPruning(amount=0.5, start_epoch=1),
+            "StructuredPruning(amount=0.5, start_epoch=1)",
         ),
         # gradual unfreezing with discriminative learning rates: optimizer groups split (or built by the mixin)
         _variant(
@@ -160,7 +160,7 @@ COMBO_ARCHS = ("resnet18", "vit", "bert", "resnet18_mixin")
 
 def _combinations() -> list[Technique]:
     def prune() -> Callback:
-        return ls.Pruning(amount=0.5, start_epoch=0)
+        return ls.StructuredPruning(amount=0.5, start_epoch=0)
 
     def registered(name: str) -> Callback:
         info = get_technique(name)

@@ -30,8 +30,8 @@ from torch import nn
 
 from lightning_speedups._compat import GraphBudgetExceeded, tp_index_budget
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups._inputs import flat_tensors
-from lightning_speedups.functional._prune_common import eval_mode, forward, train_mode
+from lightning_speedups._heads import CONV_LINEAR
+from lightning_speedups._inputs import call_model, eval_mode, flat_tensors, train_mode
 
 __all__ = [
     "attention_modules",
@@ -107,7 +107,7 @@ def safe_attention_roots(
     roots = []
     skipped = []
     for module in model.modules():
-        if not isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) or id(module) in ignored_ids:
+        if not isinstance(module, CONV_LINEAR) or id(module) in ignored_ids:
             continue
         if id(module) in attention_ids or module not in dg.module2node:
             continue
@@ -245,9 +245,9 @@ def tracer(training: bool) -> Any:
 
     def run(model: nn.Module, example_inputs: Any) -> Any:
         if not training:
-            return forward(model, example_inputs)
+            return call_model(model, example_inputs)
         with train_mode(model):  # BatchNorm statistics and RNG are put back afterwards
-            return forward(model, example_inputs)
+            return call_model(model, example_inputs)
 
     return run
 
@@ -256,7 +256,7 @@ def output_shapes(model: nn.Module, example_inputs: Any, training: bool = False)
     """Shapes of every tensor in the model's output (the check that a pruned model still fits its head)."""
     try:
         with torch.no_grad(), train_mode(model) if training else eval_mode(model):
-            out = forward(model, example_inputs)
+            out = call_model(model, example_inputs)
     except Exception as err:
         raise SpeedupConfigError(
             f"`example_inputs` do not run through {type(model).__name__}"
@@ -315,9 +315,9 @@ def dependency_error(tp: Any, model: nn.Module, err: Exception) -> SpeedupConfig
     return SpeedupConfigError(
         f"structured pruning cannot analyse {type(model).__name__}: torch-pruning failed{at}, with "
         f"{type(err).__name__}: {err}. The model is unchanged. Allowed values: `ignored_layers` that hold "
-        f"{repr(where) if where else 'that module'}, or mode='unstructured'. HINT: channel shuffles, token-mixing "
-        "MLPs and reshapes that move channels into other dimensions are beyond its dependency analysis; mask pruning "
-        "works on any conv/linear layer."
+        f"{repr(where) if where else 'that module'}, or mask pruning (MaskPruning). HINT: channel shuffles, "
+        "token-mixing MLPs and reshapes that move channels into other dimensions are beyond its dependency analysis; "
+        "mask pruning works on any conv/linear layer."
     )
 
 

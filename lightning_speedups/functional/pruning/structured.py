@@ -1,9 +1,9 @@
-"""Pruning without Lightning: structural (channels really removed, via torch-pruning) and unstructured (masks).
+"""Structured pruning: channels really removed (torch-pruning's dependency graph), so every later step is cheaper.
 
-Masks zero weights but keep every tensor dense, so a step costs the same or more. Removing whole channels shrinks
-every coupled tensor (conv out-channels, its BatchNorm, the next layer's in-channels), so the dense kernels do less
-work. torch-pruning's ``DependencyGraph`` finds the coupled tensors; nothing here traces graphs. A structural prune is
-a transaction: the pruned model must run and give outputs of the same shape, or it is put back as it was.
+Removing whole channels shrinks every coupled tensor (conv out-channels, its BatchNorm, the next layer's in-channels),
+so the dense kernels do less work. torch-pruning's ``DependencyGraph`` finds the coupled tensors; nothing here traces
+graphs. A structural prune is a transaction: the pruned model must run and give outputs of the same shape, or it is put
+back as it was.
 """
 
 from __future__ import annotations
@@ -18,35 +18,27 @@ from torch import nn
 from lightning_speedups._compat import (
     GraphBudgetExceeded,
     GraphLoop,
+    tp_allow_every_group,
     tp_group_loop_guard,
     tp_index_budget,
     tp_on_param_slice,
     tp_scope_channels,
 )
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range, require
-from lightning_speedups._inputs import flat_tensors
+from lightning_speedups._heads import CONV_LINEAR
+from lightning_speedups._inputs import eval_mode, flat_tensors
 from lightning_speedups._rebuild import ParamOrigin
 from lightning_speedups._structure import ModuleSnapshot
-from lightning_speedups.functional._mask_pruning import UNSTRUCTURED_IMPORTANCES, mask_targets, prune_unstructured
-from lightning_speedups.functional._masks import (
-    clean_pruned_state_dict,
-    make_pruning_permanent,
-    masked_modules,
-    weight_mask,
-)
-from lightning_speedups.functional._prune_common import (
+from lightning_speedups.functional.pruning.common import (
     PruningSummary,
-    SparsityReport,
     all_trainable,
     count_macs,
     default_ignored_layers,
-    eval_mode,
     feeding_layers,
     resolve_layers,
-    sparsity_report,
     training_only_layers,
 )
-from lightning_speedups.functional._prune_groups import (
+from lightning_speedups.functional.pruning.groups import (
     attention_modules,
     check_still_runs,
     dependency_error,
@@ -57,40 +49,10 @@ from lightning_speedups.functional._prune_groups import (
     tied_parameters,
     tracer,
 )
-from lightning_speedups.functional._pruned_records import (
-    RECORD_KEY,
-    apply_pruned_structure,
-    load_pruned,
-    pruned_structure_record,
-    save_pruned,
-)
 
-__all__ = [
-    "DEFAULT_GRAPH_BUDGET",
-    "RECORD_KEY",
-    "PruningSummary",
-    "SparsityReport",
-    "STRUCTURED_IMPORTANCES",
-    "UNSTRUCTURED_IMPORTANCES",
-    "apply_pruned_structure",
-    "clean_pruned_state_dict",
-    "count_macs",
-    "default_ignored_layers",
-    "load_pruned",
-    "make_pruning_permanent",
-    "mask_targets",
-    "masked_modules",
-    "prune_structured",
-    "prune_unstructured",
-    "pruned_structure_record",
-    "resolve_layers",
-    "save_pruned",
-    "sparsity_report",
-    "weight_mask",
-]
+__all__ = ["DEFAULT_GRAPH_BUDGET", "STRUCTURED_IMPORTANCES", "prune_structured"]
 
 STRUCTURED_IMPORTANCES = ("l1", "l2", "taylor", "bn_scale")
-PRUNABLE_ROOTS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 # channel-index records torch-pruning may create in one call (about 64 bytes each: ~1.3 GB) before it is stopped
 DEFAULT_GRAPH_BUDGET = 20_000_000
 
@@ -135,7 +97,7 @@ def _nothing_to_prune(model: nn.Module, ignored_names: list[str]) -> SpeedupConf
         f"`ignored_layers`={ignored_names!r} leaves no prunable layer in {type(model).__name__}.{held} Allowed "
         "values: a list that leaves at least one conv/linear layer outside recurrent modules. HINT: the default "
         "ignores only the output layers; a model with a single layer cannot be pruned structurally. Use "
-        "mode='unstructured' to prune recurrent weights."
+        "mask pruning (MaskPruning, prune_unstructured) to prune recurrent weights."
     )
 
 
@@ -170,7 +132,7 @@ def prune_structured(
 
     Models with attention (``nn.MultiheadAttention``, or modules with a ``num_heads``-style attribute) have only
     their feed-forward blocks pruned: the residual stream, the q/k/v projections and the head counts keep their
-    widths, so head sizes stay consistent (see ``functional/_prune_groups.py`` for why).
+    widths, so head sizes stay consistent (see ``functional/pruning/groups.py`` for why).
 
     The prune is a transaction: the pruned model must run on ``example_inputs`` and give outputs of the same shapes;
     otherwise, or on any other error, every module is put back exactly as it was (same ``Parameter`` objects) and a
@@ -289,7 +251,7 @@ def _budget_error(model: nn.Module, max_graph_indices: int, err: GraphBudgetExce
         f"`max_graph_indices`={max_graph_indices:,} was exceeded: torch-pruning's dependency analysis of "
         f"{type(model).__name__} made {err}. The model is unchanged. Allowed values: a larger bound if the "
         "machine has the memory (about 64 bytes each). HINT: add the blocks that reshape channels into "
-        "windows or heads to `ignored_layers`, or use mode='unstructured'."
+        "windows or heads to `ignored_layers`, or use mask pruning (MaskPruning, prune_unstructured)."
     )
 
 
@@ -299,7 +261,7 @@ def _loop_error(model: nn.Module, err: GraphLoop) -> SpeedupConfigError:
         f"structured pruning cannot analyse {type(model).__name__}: torch-pruning's dependency analysis went "
         f"round {err}. The model is unchanged. Allowed values: a model whose channel dependencies "
         "torch-pruning can follow. HINT: add the blocks that split and re-join channels (rotary embeddings, "
-        "attention) to `ignored_layers`, or use mode='unstructured'."
+        "attention) to `ignored_layers`, or use mask pruning (MaskPruning, prune_unstructured)."
     )
 
 
@@ -326,10 +288,10 @@ def _prune(
             raise SpeedupConfigError(
                 f"{type(model).__name__} has attention and no feed-forward block that can be pruned structurally "
                 f"({'; '.join(skipped[:4]) or 'no conv/linear layer outside attention'}). Allowed values: "
-                "mode='unstructured' for this model. HINT: check `ignored_layers`."
+                "mask pruning (MaskPruning, prune_unstructured) for this model. HINT: check `ignored_layers`."
             )
         keep = {id(r) for r in roots}
-        prunable_ignored += [m for m in model.modules() if isinstance(m, PRUNABLE_ROOTS) and id(m) not in keep]
+        prunable_ignored += [m for m in model.modules() if isinstance(m, CONV_LINEAR) and id(m) not in keep]
     scorer = _CachedImportance(_importance(tp, importance, model))
     pruner = tp.pruner.BasePruner(
         model,
@@ -356,12 +318,9 @@ def _prune(
     # plan every group before touching the model; torch-pruning silently skips a group that would lose every
     # channel, so let it through to refuse it by name
     plan: list[tuple[nn.Module, Any, int]] = []
-    dg.check_pruning_group = lambda group: True
-    try:
+    with tp_allow_every_group(dg):
         for group in pruner.step(interactive=True):
             plan.append((group[0].dep.target.module, group[0].dep.handler, len(group[0].idxs)))
-    finally:
-        del dg.check_pruning_group
     for root, handler, n in plan:
         get = dg.get_out_channels if dg.is_out_channel_pruning_fn(handler) else dg.get_in_channels
         if n >= get(root):

@@ -12,27 +12,23 @@ import torch
 from torch import nn
 
 from lightning_speedups._errors import check_module_names
-from lightning_speedups._heads import is_linear_like
+from lightning_speedups._heads import CONV_LINEAR, is_conv_or_linear, is_linear_like
+from lightning_speedups._inputs import call_model, eval_mode, flat_tensors, train_mode
 from lightning_speedups._rebuild import ParamOrigin
 
 __all__ = [
-    "PRUNABLE",
     "PruningSummary",
     "SparsityReport",
     "all_trainable",
     "count_macs",
     "default_ignored_layers",
-    "eval_mode",
     "feeding_layers",
-    "forward",
     "output_layers",
-    "train_mode",
     "training_only_layers",
     "resolve_layers",
     "sparsity_report",
 ]
 
-PRUNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 # `<module>.parametrizations.<tensor>.original` (or original0 / original1 under a weight norm)
 _PARAMETRIZED = re.compile(r"^(?:(.*)\.)?parametrizations\.([^.]+)\.original\d?$")
 
@@ -124,63 +120,15 @@ def count_macs(model: nn.Module, example_inputs: Any) -> int:
     return total
 
 
-def _layer(module: nn.Module) -> bool:
-    """A conv/linear layer whose weight a mask or a MAC count reads (HF ``Conv1D`` included)."""
-    return isinstance(module, PRUNABLE) or is_linear_like(module)
-
-
 def _forward_with_hooks(model: nn.Module, example_inputs: Any, hook: Any) -> None:
     """One eval-mode, no-grad forward with ``hook`` on every conv/linear layer (removed afterwards)."""
-    handles = [m.register_forward_hook(hook) for m in model.modules() if _layer(m)]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if is_conv_or_linear(m)]
     try:
         with torch.no_grad(), eval_mode(model):
-            forward(model, example_inputs)
+            call_model(model, example_inputs)
     finally:
         for h in handles:
             h.remove()
-
-
-def forward(model: nn.Module, example_inputs: Any) -> Any:
-    if isinstance(example_inputs, dict):
-        return model(**example_inputs)
-    if isinstance(example_inputs, (tuple, list)):
-        return model(*example_inputs)
-    return model(example_inputs)
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode for tracing (BatchNorm statistics must not see the example input), per-module flags restored."""
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
-
-
-@contextlib.contextmanager
-def train_mode(model: nn.Module) -> Iterator[None]:
-    """Train mode without side effects: buffers (BatchNorm statistics) and the RNG state are put back afterwards.
-
-    Checks and tracing must see the branches that run only in training (aux heads), the way training will run them.
-    """
-    modes = {m: m.training for m in model.modules()}
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    tensors = [*model.parameters(), *model.buffers()]
-    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):  # dropout draws from the RNG: training must see the same draws
-        model.train()
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for buf, saved in buffers:
-                    if buf.shape == saved.shape:
-                        buf.copy_(saved)
-            for m, mode in modes.items():
-                m.training = mode
 
 
 @contextlib.contextmanager
@@ -202,11 +150,11 @@ def _layers_run(model: nn.Module, example_inputs: Any, training: bool) -> list[n
     handles = [
         m.register_forward_hook(lambda mod, _i, _o: order.append(mod))
         for m in model.modules()
-        if isinstance(m, PRUNABLE)
+        if isinstance(m, CONV_LINEAR)
     ]
     try:
         with torch.no_grad(), train_mode(model) if training else eval_mode(model):
-            forward(model, example_inputs)
+            call_model(model, example_inputs)
     except Exception:  # e.g. BatchNorm on one sample in train mode: that mode is not checked
         return None
     finally:
@@ -244,8 +192,6 @@ def _layers_behind(
     model: nn.Module, example_inputs: Any, targets: Sequence[nn.Module] | None, training: bool, every_path: bool = True
 ) -> list[nn.Module]:
     """Nearest conv/linear layers behind the outputs (``targets=None``) or behind the inputs of ``targets``."""
-    from lightning_speedups._inputs import flat_tensors
-
     producers: dict[Any, nn.Module] = {}
     starts: list[torch.Tensor] = []
 
@@ -253,11 +199,11 @@ def _layers_behind(
         if isinstance(out, torch.Tensor) and out.grad_fn is not None:
             producers[out.grad_fn] = module
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if _layer(m)]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if is_conv_or_linear(m)]
     handles += [t.register_forward_pre_hook(lambda _m, inp: starts.extend(flat_tensors(inp))) for t in targets or []]
     try:
         with torch.enable_grad(), all_trainable(model), train_mode(model) if training else eval_mode(model):
-            outputs = flat_tensors(forward(model, example_inputs))
+            outputs = flat_tensors(call_model(model, example_inputs))
     finally:
         for h in handles:
             h.remove()
@@ -294,7 +240,7 @@ def default_ignored_layers(model: nn.Module, example_inputs: Any = None, every_p
     """
     names = {m: n for n, m in model.named_modules()}
     if example_inputs is None:
-        return [n for n, m in model.named_modules() if _layer(m)][-1:]
+        return [n for n, m in model.named_modules() if is_conv_or_linear(m)][-1:]
     heads = {id(m): m for m in output_layers(model, example_inputs, every_path=every_path)}
     with contextlib.suppress(Exception):  # a model whose train-mode forward fails on these inputs: eval heads only
         heads.update({id(m): m for m in output_layers(model, example_inputs, True, every_path)})

@@ -10,20 +10,19 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
-from lightning_speedups._heads import is_linear_like
-from lightning_speedups.functional._masks import (
+from lightning_speedups._heads import is_conv_or_linear
+from lightning_speedups.functional.pruning.common import (
+    PruningSummary,
+    default_ignored_layers,
+    resolve_layers,
+    sparsity_report,
+)
+from lightning_speedups.functional.pruning.masks import (
     attach_mask,
     check_maskable,
     effective_weight,
     mask_key,
     masked_tensor_names,
-)
-from lightning_speedups.functional._prune_common import (
-    PRUNABLE,
-    PruningSummary,
-    default_ignored_layers,
-    resolve_layers,
-    sparsity_report,
 )
 
 __all__ = ["UNSTRUCTURED_IMPORTANCES", "mask_targets", "mask_tensors", "maskable_names", "prune_unstructured"]
@@ -46,7 +45,7 @@ def maskable_names(module: nn.Module) -> list[str]:
         kinds = ["ih", "hh"] + (["hr"] if getattr(module, "proj_size", 0) > 0 else [])
         suffixes = ["", "_reverse"] if module.bidirectional else [""]
         return [f"weight_{k}_l{layer}{s}" for layer in range(module.num_layers) for s in suffixes for k in kinds]
-    return ["weight"] if isinstance(module, PRUNABLE) or is_linear_like(module) else []
+    return ["weight"] if is_conv_or_linear(module) else []
 
 
 def mask_targets(model: nn.Module, ignored: list[nn.Module]) -> list[tuple[str, nn.Module]]:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lightning_speedups._structure import CHECKPOINT_KEY, load_checkpoint, register_structure_hook
-from lightning_speedups.functional._masks import clean_pruned_state_dict
+from lightning_speedups.functional.pruning.masks import clean_pruned_state_dict
 
 __all__ = ["RECORD_KEY", "apply_pruned_structure", "load_pruned", "pruned_structure_record", "save_pruned"]
 
