@@ -206,7 +206,7 @@ class Race:
     baseline: str
     steps: int
     cooldown: int
-    margin: float = 0.02
+    margin: float = 0.25
     external: frozenset[str] = frozenset()
     clock: Callable[[], float] = time.perf_counter
     done: int = 0

@@ -83,7 +83,7 @@ class RecordingRace(OptimizerRace):
 
 
 def test_the_winners_weights_and_optimizer_state_continue_the_fit() -> None:
-    race = RecordingRace(max_cost=0.5, clock=Counter())
+    race = RecordingRace(max_cost=0.5, margin=0.02, clock=Counter())
     trainer = quiet_trainer(max_steps=120, limit_val_batches=4, callbacks=[race])
     module = _module()
     trainer.fit(module, _data(), _data(64))
@@ -101,7 +101,7 @@ def test_the_winners_weights_and_optimizer_state_continue_the_fit() -> None:
 
 def test_a_schedule_follows_the_winning_learning_rate() -> None:
     def fit(arms: list[str]) -> tuple[OptimizerRace, L.Trainer]:
-        race = OptimizerRace(arms, max_cost=0.5, clock=Counter())
+        race = OptimizerRace(arms, max_cost=0.5, margin=0.02, clock=Counter())
         trainer = quiet_trainer(max_steps=120, limit_val_batches=4, callbacks=[race])
         trainer.fit(_module(lr=1e-4, schedule=True, steps=120), _data(), _data(64))
         return race, trainer
@@ -126,8 +126,27 @@ def test_a_run_too_short_is_not_raced_and_keeps_its_optimizer() -> None:
     assert type(trainer.optimizers[0]) is torch.optim.AdamW
 
 
+def test_a_race_whose_measured_cost_passes_max_cost_stops_and_keeps_the_optimizer(monkeypatch) -> None:
+    """Copies that take long (a large model on a slow disk, say): the race stops before its first scoring."""
+    import lightning_speedups.callbacks.optimizer_race as race_module
+
+    clock = Counter()
+    real_copy = race_module.model_copy
+
+    def slow_copy(module: Any) -> Any:
+        clock.now += 100.0  # each copy takes as long as 100 of the module's steps
+        return real_copy(module)
+
+    monkeypatch.setattr(race_module, "model_copy", slow_copy)
+    race = OptimizerRace(["own", "own_lr_x3"], max_cost=0.5, margin=0.02, clock=clock)
+    trainer = quiet_trainer(max_steps=120, limit_val_batches=2, callbacks=[race])
+    trainer.fit(_module(), _data(), _data(64))
+    assert race.winner == "own" and race.note.startswith("stopped after 2 race steps")
+    assert type(trainer.optimizers[0]) is torch.optim.AdamW and trainer.global_step == 120
+
+
 def test_arms_that_do_not_apply_are_named() -> None:
-    race = OptimizerRace(["muon", "schedule_free_adamw"], max_cost=0.5, clock=Counter())
+    race = OptimizerRace(["muon", "schedule_free_adamw"], max_cost=0.5, margin=0.02, clock=Counter())
 
     class SGDModule(Regression):
         def configure_optimizers(self) -> Any:
@@ -145,7 +164,7 @@ def test_arms_that_do_not_apply_are_named() -> None:
 
 def test_resume_mid_race_equals_the_uninterrupted_fit(tmp_path) -> None:
     def fit(ckpt_path: str | None = None) -> tuple[Regression, OptimizerRace]:
-        race = OptimizerRace(["own", "own_lr_x3", "muon"], max_cost=0.5, clock=Counter())
+        race = OptimizerRace(["own", "own_lr_x3", "muon"], max_cost=0.5, margin=0.02, clock=Counter())
         every = ModelCheckpoint(dirpath=tmp_path, filename="{step}", every_n_train_steps=5, save_top_k=-1)
         trainer = quiet_trainer(max_steps=120, limit_val_batches=2, enable_checkpointing=True, callbacks=[race, every])
         module = _module()
@@ -206,7 +225,7 @@ class _ReportRank(L.Callback):
 
 @pytest.mark.ddp
 def test_optimizer_race_under_ddp_rank_zero_decides_and_ranks_agree(tmp_path) -> None:
-    race = OptimizerRace(["own", "own_lr_x3", "muon"], max_cost=0.5, clock=Counter())
+    race = OptimizerRace(["own", "own_lr_x3", "muon"], max_cost=0.5, margin=0.02, clock=Counter())
     trainer = quiet_trainer(
         max_steps=120,
         devices=2,
