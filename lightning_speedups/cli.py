@@ -110,11 +110,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     end_to_end, components = split_rows(rows)
     print("\nSpeedup = baseline median time / technique median time, measured interleaved in this run.")
     if end_to_end:
-        print("\nEnd to end: the whole run to the target accuracy vs the plain Lightning baseline [min-max]:\n")
+        print("\nEnd to end: a whole run to the accuracy in its row, against the plain Lightning baseline:\n")
         print(format_table(end_to_end))
     if components:
-        print("\nSingle techniques (each on its own metric; see the end-to-end rows for what a whole run gains):\n")
+        print("\nSingle techniques, each on its own metric (the end-to-end rows show what a whole run gains):\n")
         print(format_table(components))
+    if rows and not (args.json or args.markdown):
+        print("\nEach row's notes (what was held equal, counts, caveats): add --json PATH or --markdown PATH.")
     if args.json:
         write_json(args.json, rows, errors, args.quick)
         print(f"\nwrote {args.json}")

@@ -5,14 +5,18 @@ The timing helpers live in :mod:`lightning_speedups.measure` (re-exported here f
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.measure import interleaved_timings, machine_info, make_train_step, median, speed_ratio
@@ -26,6 +30,7 @@ __all__ = [
     "machine_info",
     "make_train_step",
     "median",
+    "quiet_lightning",
     "read_rows",
     "speed_ratio",
     "write_rows",
@@ -70,6 +75,54 @@ def read_rows(path: str | os.PathLike[str], keys: Sequence[str]) -> list[dict[st
             "a new path or a file this bench wrote."
         )
     return rows
+
+
+# what the bench's own runs would print between its rows: Lightning's banners ("GPU available", the litlogger tip,
+# "Loading `train_dataloader`"), the info lines of this package's callbacks (they log through Lightning's logger), and
+# torch's one-time notes while inductor or torchao load
+_QUIET_LOGGERS = {
+    "lightning.pytorch": logging.WARNING,
+    "lightning.fabric": logging.WARNING,
+    "torch.utils._pytree": logging.ERROR,
+    "torch.utils.cpp_extension": logging.ERROR,
+}
+# deprecations of Lightning and torch that a bench run cannot act on (messages as regular expressions)
+_KNOWN_WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning's _pytree on newer torch
+    r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor creation",  # eager int8
+)
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Inside: Lightning's banners and info lines silenced, its known deprecation warnings and its hints about the
+    setup (``PossibleUserWarning``) filtered; the loggers' levels and the warning filters are restored after, so a
+    user's own Trainer runs print as before.
+
+    The bench runs every section inside it; a section run on its own (``python -m
+    lightning_speedups.benchmarks.<x>``) does too.
+
+    Example::
+
+        >>> import lightning as L
+        >>> with quiet_lightning():
+        ...     trainer = L.Trainer(logger=False, enable_progress_bar=False)  # no "GPU available: ..." line
+    """
+    loggers = {name: logging.getLogger(name) for name in _QUIET_LOGGERS}
+    levels = {name: logger.level for name, logger in loggers.items()}
+    for name, logger in loggers.items():
+        logger.setLevel(max(_QUIET_LOGGERS[name], logger.getEffectiveLevel()))
+    try:
+        with warnings.catch_warnings():
+            for message in _KNOWN_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            # Lightning's hints about the user's own setup (few dataloader workers, a short epoch): the bench's runs
+            # are small on purpose
+            warnings.filterwarnings("ignore", category=PossibleUserWarning)
+            yield
+    finally:
+        for name, logger in loggers.items():
+            logger.setLevel(levels[name])
 
 
 @dataclass

@@ -11,7 +11,6 @@ Run: ``python -m lightning_speedups.benchmarks.finetuning [--full]``.
 from __future__ import annotations
 
 import copy
-import logging
 import time
 import warnings
 from typing import Any
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.benchmarks._common import BenchRow, quiet_lightning
 from lightning_speedups.demo import DemoClassifier, load_digits_tensors
 from lightning_speedups.demo.data import DIGITS_MEAN, DIGITS_STD
 from lightning_speedups.functional.finetuning import freeze, load_pretrained, replace_head
@@ -183,8 +182,7 @@ def time_to_accuracy(quick: bool = True, target: float = 0.9) -> BenchRow:
 
 def run(quick: bool = True) -> list[BenchRow]:
     """Both measurements, same process: the step-time ratio and the time-to-accuracy ratio."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    with warnings.catch_warnings():
+    with quiet_lightning(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return [step_ratio(quick), time_to_accuracy(quick)]
 

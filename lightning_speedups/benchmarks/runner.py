@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
+import importlib.util
 import inspect
 import json
+import sys
+import textwrap
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
 from lightning_speedups._registry import get_technique, list_techniques
-from lightning_speedups.benchmarks._common import BenchRow
+from lightning_speedups.benchmarks._common import BenchRow, quiet_lightning
 from lightning_speedups.measure import machine_info
 
 __all__ = [
     "END_TO_END",
     "SUITES",
+    "TABLE_WIDTH",
     "BenchFailure",
     "format_markdown",
     "format_table",
@@ -82,34 +87,98 @@ def run_benchmarks(
     """Run each selected technique's ``run(quick)`` in turn; return all rows and ``{technique: error}``.
 
     ``target`` (a validation accuracy) goes to the benchmarks that measure time to a target accuracy; ``no_bf16``
-    to those that choose a precision (so a CPU with bf16 units can check the plan for one without).
+    to those that choose a precision (so a CPU with bf16 units can check the plan for one without). With ``echo``,
+    a progress bar per section (on stderr); every section runs inside :func:`quiet_lightning`.
     """
     if target is not None:
         check_range("target", target, 0.0, 1.0, low_inclusive=False)
     rows: list[BenchRow] = []
     errors: dict[str, str] = {}
-    for name in _select(only, skip):
-        bench = _load_bench(name)
-        start = time.perf_counter()
-        if echo:
-            print(f"[bench] {name} ...", flush=True)
-        try:
-            kwargs: dict[str, Any] = {"quick": quick}
-            params = inspect.signature(bench).parameters
-            if target is not None and "target" in params:
-                kwargs["target"] = target
-            if no_bf16 and "no_bf16" in params:
-                kwargs["no_bf16"] = True
-            new = list(bench(**kwargs))
-        except Exception as err:  # one broken benchmark must not hide the others' results
-            errors[name] = f"{type(err).__name__}: {err}"
-            if echo:
-                traceback.print_exc()
-            continue
-        rows.extend(new)
-        if echo:
-            print(f"[bench] {name}: {len(new)} row(s) in {time.perf_counter() - start:.1f} s", flush=True)
+    names = _select(only, skip)
+    with _progress(names, echo) as progress:
+        for name in names:
+            progress.begin(name)
+            try:
+                with quiet_lightning():
+                    new = list(_call_bench(name, quick, target, no_bf16))
+            except Exception as err:  # one broken benchmark must not hide the others' results
+                errors[name] = f"{type(err).__name__}: {err}"
+                progress.end(name, "FAILED")
+                if echo:
+                    traceback.print_exc()
+                continue
+            rows.extend(new)
+            progress.end(name, f"{len(new)} row{'s' if len(new) != 1 else ''}")
     return rows, errors
+
+
+def _call_bench(name: str, quick: bool, target: float | None, no_bf16: bool) -> list[BenchRow]:
+    bench = _load_bench(name)
+    kwargs: dict[str, Any] = {"quick": quick}
+    params = inspect.signature(bench).parameters
+    if target is not None and "target" in params:
+        kwargs["target"] = target
+    if no_bf16 and "no_bf16" in params:
+        kwargs["no_bf16"] = True
+    return bench(**kwargs)
+
+
+class _PlainProgress:
+    """One line as a section starts and one as it ends: for logs (stderr is not a terminal), or without rich."""
+
+    def __init__(self, echo: bool) -> None:
+        self.echo = echo
+        self.start = 0.0
+
+    def begin(self, name: str) -> None:
+        self.start = time.perf_counter()
+        if self.echo:
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+
+    def end(self, name: str, status: str) -> None:
+        if self.echo:
+            print(f"[bench] {name}: {status} in {time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)
+
+
+class _RichProgress:
+    """A rich progress bar per section (rich is what Lightning's ``RichProgressBar`` uses): waiting, running (a
+    pulsing bar and the elapsed time), then done with its row count."""
+
+    def __init__(self, names: Sequence[str], console: Any) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=30),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console,
+        )
+        width = max((len(n) for n in names), default=0)
+        self.tasks = {n: self.progress.add_task(n.ljust(width), total=1, start=False, status="") for n in names}
+
+    def begin(self, name: str) -> None:
+        self.progress.start_task(self.tasks[name])
+        self.progress.update(self.tasks[name], total=None, status="running")
+
+    def end(self, name: str, status: str) -> None:
+        self.progress.update(self.tasks[name], total=1, completed=1, status=status)
+        self.progress.stop_task(self.tasks[name])
+
+
+@contextlib.contextmanager
+def _progress(names: Sequence[str], echo: bool) -> Iterator[_PlainProgress | _RichProgress]:
+    console = None
+    if echo and importlib.util.find_spec("rich") is not None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    if console is None or not console.is_terminal:
+        yield _PlainProgress(echo)
+        return
+    bars = _RichProgress(names, console)
+    with bars.progress:
+        yield bars
 
 
 def _fmt_acc(value: float | None) -> str:
@@ -127,20 +196,28 @@ def _range(r: BenchRow) -> str:
     return f"{r.ratio:.2f}x" if lo is None or hi is None else f"{r.ratio:.2f}x [{lo:.2f}-{hi:.2f}]"
 
 
+def _reached(r: BenchRow) -> bool:
+    return r.ratio == r.ratio and r.ratio > 0  # nan or 0: a target accuracy was not reached (the note says which)
+
+
+def _no_speedup(r: BenchRow) -> bool:
+    """Below 1.05x; a row scoring a choice against the best one (at most 1x by construction) is a quality ratio, not
+    a speedup."""
+    return _reached(r) and r.ratio < 1.05 and not r.extra.get("quality_ratio")
+
+
 def _table_rows(rows: Iterable[BenchRow]) -> list[list[str]]:
+    """The markdown tables' cells (the evidence page's too), notes included."""
     out = []
     for r in rows:
-        reached = r.ratio == r.ratio and r.ratio > 0  # nan or 0: a target was not reached (the note says which)
-        # below 1.05x: "no speedup", once (a note that already says so is not repeated); a row scoring a choice
-        # against the best one (at most 1x by construction) is a quality ratio, not a speedup
-        quality = bool(r.extra.get("quality_ratio"))
-        verdict = "no speedup" if reached and r.ratio < 1.05 and "no speedup" not in r.note and not quality else ""
+        # "no speedup" once: a note that already says so is not repeated
+        verdict = "no speedup" if _no_speedup(r) and "no speedup" not in r.note else ""
         out.append(
             [
                 r.technique,
                 r.variant,
                 r.metric,
-                _range(r) if reached else "not reached",
+                _range(r) if _reached(r) else "not reached",
                 _fmt_acc(r.accuracy_baseline),
                 _fmt_acc(r.accuracy_candidate),
                 _fmt_delta(r),
@@ -151,16 +228,49 @@ def _table_rows(rows: Iterable[BenchRow]) -> list[list[str]]:
 
 
 _HEADER = ["technique", "variant", "metric", "speedup", "acc base", "acc cand", "acc delta", "note"]
+# the terminal table: the notes stay in the JSON and markdown outputs
+_SHORT_HEADER = ["technique", "what was compared", "speedup [min-max]", "accuracy change"]
+TABLE_WIDTH = 120
 
 
-def format_table(rows: Sequence[BenchRow]) -> str:
-    """A plain-text table, one line per row, ratio = times faster than the baseline measured in the same run."""
-    body = _table_rows(rows)
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(_HEADER)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADER, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+def _short_cells(r: BenchRow) -> list[str]:
+    one_run = r.extra.get("ratio_min") == r.extra.get("ratio_max")  # an interval of one run says nothing more
+    speedup = "not reached" if not _reached(r) else f"{r.ratio:.2f}x" if one_run else _range(r)
+    return [
+        r.technique,
+        f"{r.variant}: {r.metric}",
+        f"{speedup} (no speedup)" if _no_speedup(r) else speedup,
+        _fmt_delta(r),
+    ]
+
+
+def format_table(rows: Sequence[BenchRow], width: int = TABLE_WIDTH) -> str:
+    """A plain-text table at most ``width`` columns wide (technique, what was compared, speedup [min-max] over runs,
+    accuracy change); the "what was compared" column wraps. Speedup = times faster than the baseline measured in the
+    same run. The long notes are in :func:`format_markdown` and :func:`write_json`.
+
+    Example::
+
+        >>> row = BenchRow("optim", "fused Adam vs for-loop Adam", "step time", 2.0, 1.0, 2.0)
+        >>> print(format_table([row]))
+        technique  what was compared                       speedup [min-max]  accuracy change
+        ---------  --------------------------------------  -----------------  ---------------
+        optim      fused Adam vs for-loop Adam: step time  2.00x              -
+    """
+    body = [_short_cells(r) for r in rows]
+    widths = [max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(_SHORT_HEADER)]
+    room = width - sum(widths) + widths[1] - 2 * (len(widths) - 1)  # what the other columns leave to "compared"
+    widths[1] = max(min(widths[1], room), len(_SHORT_HEADER[1]))
+    lines = [_line(_SHORT_HEADER, widths), _line(["-" * w for w in widths], widths)]
+    for cells in body:
+        wrapped = textwrap.wrap(cells[1], widths[1], break_on_hyphens=False) or [""]
+        lines.append(_line([cells[0], wrapped[0], *cells[2:]], widths))
+        lines += [_line(["", more, "", ""], widths) for more in wrapped[1:]]
     return "\n".join(lines)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
 
 def format_markdown(rows: Sequence[BenchRow], machine: dict[str, Any] | None = None) -> str:
@@ -284,6 +394,7 @@ def bench_main(run: Callable[..., list[BenchRow]], argv: Sequence[str] | None = 
     print(machine_info())
     start = time.perf_counter()
     extra = {"no_bf16": True} if args.no_bf16 and "no_bf16" in inspect.signature(run).parameters else {}
-    rows = run(quick=not args.full, **extra)
+    with quiet_lightning():
+        rows = run(quick=not args.full, **extra)
     print(format_table(rows))
     print(f"({'full' if args.full else 'quick'} mode, {time.perf_counter() - start:.1f} s)")

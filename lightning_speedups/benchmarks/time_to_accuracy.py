@@ -21,7 +21,6 @@ one shared, interleaved baseline); ``lightning-speedups bench --only ema`` runs 
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 import lightning as L
 
 from lightning_speedups._errors import SpeedupConfigError, check_range
-from lightning_speedups.benchmarks._common import BenchRow, TrainClock
+from lightning_speedups.benchmarks._common import BenchRow, TrainClock, quiet_lightning
 from lightning_speedups.callbacks.ema import EMA
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.label_smoothing import LabelSmoothing
@@ -199,8 +198,7 @@ def compare(
     selected = [t for t in _tasks(quick) if tasks is None or t.name in tasks]
     repeats = 1 if quick else 3
     rows: list[BenchRow] = []
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    with warnings.catch_warnings():
+    with quiet_lightning(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for task in selected:
             goal = target if target is not None else task.target
