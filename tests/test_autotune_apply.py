@@ -301,3 +301,20 @@ def test_a_datamodule_autotune_did_not_read_keeps_its_setup():
     )
     trainer.fit(model, datamodule=other)
     assert other.calls == ["fit"]
+
+
+def test_plan_fit_applies_the_plan_and_fits_in_one_call():
+    class Seen(L.Callback):
+        def __init__(self) -> None:
+            self.callbacks: list[str] = []
+
+        def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self.callbacks = [type(cb).__name__ for cb in trainer.callbacks]
+
+    model = DemoClassifier(width=4)
+    plan = autotune(model, _loader(), budget_s=0.5, cache=False, max_steps=3, logger=False)
+    seen = Seen()
+    trainer = plan.fit(model, _loader(), callbacks=[seen], enable_checkpointing=False, enable_progress_bar=False)
+    assert trainer.global_step == 3 and trainer.max_steps == 3  # the plan's arguments, with the caller's added
+    assert "Seen" in seen.callbacks
+    assert all(type(cb).__name__ in seen.callbacks for cb in plan.callbacks)

@@ -73,7 +73,7 @@ def test_no_dates_in_the_package() -> None:
 
 def test_readme_stays_short() -> None:
     lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
-    assert lines <= 300, f"README.md has {lines} lines (at most 300): move the detail into docs/ and link it"
+    assert lines <= 150, f"README.md has {lines} lines (at most 150): move the detail into docs/ and link it"
 
 
 def test_readme_has_no_tracker_language() -> None:

@@ -111,6 +111,27 @@ class TunePlan:
             self.notes.append(f"{type(datamodule).__name__}.setup('fit') already ran for autotune: the fit reuses it")
         return model
 
+    def fit(self, model: L.LightningModule, data: Any = None, **trainer_kwargs: Any) -> L.Trainer:
+        """Fit ``model`` on ``data`` with the plan, in one call: :meth:`apply`, a Trainer with the plan's callbacks
+        and arguments (``trainer_kwargs`` added: a ``callbacks`` list joins the plan's, other arguments override),
+        and the data the plan keeps (its device twin, or the loader it rebuilt at the planned batch size) else
+        ``data``. Returns the Trainer, so ``trainer.callback_metrics`` holds the run's last metrics.
+
+        Example::
+
+            >>> plan = autotune(model, data, max_epochs=3)  # doctest: +SKIP
+            >>> trainer = plan.fit(model, data)  # doctest: +SKIP
+        """
+        extra = list(trainer_kwargs.pop("callbacks", None) or [])
+        self.apply(model, data)
+        trainer = L.Trainer(callbacks=[*self.callbacks, *extra], **{**self.trainer_kwargs, **trainer_kwargs})
+        fit_data = self.datamodule or self.train_dataloaders or data
+        if isinstance(fit_data, L.LightningDataModule):
+            trainer.fit(model, datamodule=fit_data)
+        else:
+            trainer.fit(model, fit_data)
+        return trainer
+
     def reuses_setup(self, datamodule: Any) -> bool:
         """Whether a fit with ``datamodule``, after :meth:`apply`, reuses the ``setup("fit")`` autotune ran on it
         (``setup_s`` seconds): it is the DataModule autotune read, and the plan keeps no device twin of it."""
