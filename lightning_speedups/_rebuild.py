@@ -17,6 +17,7 @@ Nothing keeps a reference to the old optimizers or the old parameters afterwards
 
 from __future__ import annotations
 
+import copy
 import gc
 import inspect
 from collections.abc import Mapping
@@ -53,12 +54,16 @@ def clone_optimizer(optimizer: torch.optim.Optimizer, params: Mapping[int, nn.Pa
         >>> twin = clone_optimizer(opt, {id(p): q for p, q in zip(a.parameters(), b.parameters())})
         >>> twin.param_groups[0]["params"][0] is b.weight, twin.param_groups[0]["lr"]
         (True, 0.01)
+
+    The state is copied, not shared: stepping the clone leaves ``optimizer``'s moments as they were.
     """
     accepted = init_arguments(type(optimizer))
     defaults = {k: v for k, v in optimizer.defaults.items() if accepted is None or k in accepted}
     groups = [{**g, "params": [params[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
     clone = type(optimizer)(groups, **defaults)
-    clone.load_state_dict(optimizer.state_dict())
+    # a deep copy: load_state_dict keeps the tensors it is given (same dtype and device), so a clone stepped on its own
+    # would move the original's moments too
+    clone.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     return clone
 
 

@@ -166,7 +166,7 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], strict: bool
     Args:
         model: a new instance of the architecture that was trained (the same constructor arguments).
         path: a Lightning checkpoint (``trainer.save_checkpoint``, ``ModelCheckpoint``) or a file from
-            :func:`~lightning_speedups.save_pruned`; a bare ``state_dict`` file works too.
+            :func:`~lightning_speedups.functional.save_pruned`; a bare ``state_dict`` file works too.
         strict: passed to ``load_state_dict``.
 
     Raises:

@@ -22,7 +22,8 @@ def _version(dist: str) -> str:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     import lightning_speedups as ls
-    from lightning_speedups.measure import describe_ratio, machine_info
+    from lightning_speedups._registry import get_technique, list_techniques
+    from lightning_speedups.measure import describe_ratio, device_peak_flops, machine_info
     from lightning_speedups.settings import (
         bf16_ratio_words,
         cpu_bf16_speed_ratio,
@@ -39,9 +40,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"  cpu            {machine['cpu']} ({machine['cpu_count']} cores, {machine['torch_threads']} torch threads)")
     print(f"  device         {machine['device']}")
     for dtype in ("fp32", "bf16"):  # the denominators of the advisor's utilisation
-        print(f"  peak {dtype:<9} {ls.device_peak_flops('cpu', dtype).describe()}")
+        print(f"  peak {dtype:<9} {device_peak_flops('cpu', dtype).describe()}")
     if machine["device"] != "cpu":
-        print(f"  gpu peak bf16  {ls.device_peak_flops('cuda', 'bf16').describe()}")
+        print(f"  gpu peak bf16  {device_peak_flops('cuda', 'bf16').describe()}")
     ratio = cpu_bf16_speed_ratio()
     evidence = describe_ratio(ratio)
     evidence = f"; {evidence}" if evidence else ""
@@ -57,8 +58,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for key, value in flags.items():
         print(f"  {key:<26} {value}")
     print("\nTechniques:")
-    for name in ls.list_techniques():
-        info = ls.get_technique(name)
+    for name in list_techniques():
+        info = get_technique(name)
         req = f" [needs {', '.join(info.requires)}]" if info.requires else ""
         print(f"  {name:<18} {info.summary}{req}")
     return 0

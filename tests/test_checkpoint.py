@@ -10,14 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import (
-    QuantizationAwareTraining,
-    SpeedupConfigError,
-    StructuredPruning,
-    load_checkpoint,
-    prune_structured,
-    save_pruned,
-)
+from lightning_speedups import QuantizationAwareTraining, SpeedupConfigError, StructuredPruning, load_checkpoint
+from lightning_speedups.functional import prune_structured, save_pruned
 from tests.helpers import quiet_trainer
 
 

@@ -82,12 +82,12 @@ def test_cli_bench_unreachable_target_errors_in_bounded_time(capsys):
 
 @pytest.mark.slow
 def test_cli_bench_quick_every_technique(tmp_path):
-    import lightning_speedups as ls
+    from lightning_speedups._registry import get_technique, list_techniques
 
     out = tmp_path / "bench.json"
     assert main(["bench", "--quick", "--json", str(out), "--plots", str(tmp_path)]) == 0
     payload = json.loads(out.read_text())
-    with_bench = {n for n in ls.list_techniques() if ls.get_technique(n).bench is not None}
+    with_bench = {n for n in list_techniques() if get_technique(n).bench is not None}
     assert len(payload["rows"]) >= len(with_bench)
     for r in payload["rows"]:
         assert r["technique"] and r["metric"] and isinstance(r["ratio"], float)

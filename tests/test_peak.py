@@ -7,8 +7,7 @@ import warnings
 import pytest
 import torch
 
-import lightning_speedups as ls
-from lightning_speedups import _peak
+from lightning_speedups import _peak, measure
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._peak import GPU_PEAKS, PeakEstimate, device_peak_flops, estimate_cpu_peak_flops
 
@@ -188,8 +187,8 @@ def test_peak_gpu_unknown_gives_none_and_the_reason(monkeypatch):
 
 
 def test_peak_exported_and_on_this_machine():
-    assert {"PeakEstimate", "device_peak_flops", "estimate_cpu_peak_flops"} <= set(ls.__all__)
-    est = ls.device_peak_flops("cpu")
+    assert {"PeakEstimate", "device_peak_flops", "estimate_cpu_peak_flops"} <= set(measure.__all__)
+    est = measure.device_peak_flops("cpu")
     assert isinstance(est, PeakEstimate) and est.device == "cpu"
     assert est.flops is None or (est.flops > 0 and "an estimate" in est.describe())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_speedups import fast_train
+from lightning_speedups.recipes import fast_train
 from tests.helpers import load_benchmark_script
 
 

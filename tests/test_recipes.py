@@ -5,19 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_speedups import (
-    ChannelsLast,
-    SpeedupConfigError,
-    StructuredPruning,
-    TorchCompile,
+from lightning_speedups import ChannelsLast, SpeedupConfigError, StructuredPruning, TorchCompile
+from lightning_speedups.benchmarks._common import TimeToTarget
+from lightning_speedups.demo import DemoClassifier, DemoMLP, DigitsDataModule
+from lightning_speedups.recipes import (
+    check_conflicts,
+    device_datamodule,
     fast_finetune,
     fast_train,
     get_recipe,
     list_recipes,
 )
-from lightning_speedups.benchmarks._common import TimeToTarget
-from lightning_speedups.demo import DemoClassifier, DemoMLP, DigitsDataModule
-from lightning_speedups.recipes import check_conflicts, device_datamodule
 from tests.helpers import quiet_trainer
 
 QUIET = dict(
@@ -97,7 +95,8 @@ def test_time_to_target_recorder_stops_at_target():
 
 
 def test_recipe_rejects_bad_switches():
-    from lightning_speedups import SpeedupConfigError, fast_train
+    from lightning_speedups import SpeedupConfigError
+    from lightning_speedups.recipes import fast_train
 
     with pytest.raises(SpeedupConfigError, match="`channels_last`='maybe' is not supported. Allowed values: True"):
         fast_train(channels_last="maybe")

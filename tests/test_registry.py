@@ -16,7 +16,7 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 
 import lightning_speedups  # noqa: F401  (registers every technique)
-from lightning_speedups import get_technique, list_techniques
+from lightning_speedups._registry import get_technique, list_techniques
 from lightning_speedups.demo import DemoClassifier, DigitsDataModule, StdlibCodeDataModule, TextClassifier
 
 # the demo task each kind of technique trains on: (model class, data class, model args, data args)

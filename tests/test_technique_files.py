@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import lightning_speedups  # noqa: F401  (registers every technique)
-from lightning_speedups import get_technique, list_techniques
+from lightning_speedups._registry import get_technique, list_techniques
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lightning_speedups"

@@ -27,7 +27,7 @@ def test_find_batch_size_functional():
     assert dm.batch_size == 64 and dm.hparams.batch_size == 64
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert trainer.global_step == 0 and os.listdir(".") == []
-    assert lightning_speedups.find_batch_size is find_batch_size
+    assert lightning_speedups.tuner.find_batch_size is find_batch_size
 
 
 def test_find_batch_size_puts_the_trainers_callbacks_back():

@@ -196,7 +196,7 @@ def _quantize(arch: str) -> dict[str, Any]:
     before = _snapshot(model)
     ref = _outputs(model)
     try:
-        qmodel, report = ls.quantize_for_inference(model, inputs, repeats=2, budget_s=1.0)
+        qmodel, report = ls.functional.quantize_for_inference(model, inputs, repeats=2, budget_s=1.0)
     except ls.SpeedupConfigError as err:
         return {"outcome": "refused", "message": _short(err)}
     except Exception as err:  # noqa: BLE001

@@ -4,16 +4,19 @@ At ``builder-inited`` it writes (into ``docs/_auto/``, git-ignored, rebuilt ever
 
 - ``measured/<technique>.md`` + ``.png``: the rows of the full-run measured table (``docs/_data/measured.json``, also
   in ``docs/evidence.md``) for that technique, and a chart of them;
-- ``info/<technique>.md``: the facts of its :class:`~lightning_speedups.TechniqueInfo` record;
+- ``info/<technique>.md``: the facts of its technique registry record (``lightning_speedups._registry``);
 - ``bench/*.png`` + ``bench/summary.md``: the charts and table of the committed bench JSON (``docs/_data/bench.json``,
   written by ``lightning-speedups bench --json``);
-- ``api_index.md``: an autosummary of every name in ``lightning_speedups.__all__``;
+- ``api_index.md``: an autosummary of every public name: the ``__all__`` of the package and of each public subpackage
+  (``PUBLIC_MODULES``);
 
 and copies ``notebooks/*.ipynb`` into ``docs/notebooks/`` (myst-nb renders their stored outputs, no execution).
 
-Checks (they warn, so ``-W`` fails the build): every name in ``lightning_speedups.__all__`` is documented, every
-registered technique has its page. A reference to an object under another import path (``lightning_speedups.optim
-.SpeedupMixin`` for the documented ``lightning_speedups.SpeedupMixin``) resolves to where the object is documented.
+Checks (they warn, so ``-W`` fails the build): every public name is documented, every registered technique has its
+page. A reference to an object under another import path (``lightning_speedups.optim.SpeedupMixin`` for the
+documented ``lightning_speedups.SpeedupMixin``) resolves to where the object is documented; a deprecated top-level
+path (``lightning_speedups.freeze``, moved to ``lightning_speedups.functional``) resolves to nothing, so a page that
+still uses one fails the build.
 """
 
 from __future__ import annotations
@@ -42,6 +45,30 @@ AUTO = DOCS / "_auto"
 BENCH_JSON = DOCS / "_data" / "bench.json"
 MEASURED_JSON = DOCS / "_data" / "measured.json"
 
+# The public namespaces: the package's top level and the subpackages a user imports from. Every name in their
+# `__all__` is documented: on a page, or in the API page's "other public names" section.
+PUBLIC_MODULES = (
+    "lightning_speedups",
+    "lightning_speedups.functional",
+    "lightning_speedups.data",
+    "lightning_speedups.measure",
+    "lightning_speedups.optim",
+    "lightning_speedups.autotune",
+    "lightning_speedups.recipes",
+    "lightning_speedups.settings",
+    "lightning_speedups.tuner",
+)
+
+
+def public_names() -> list[tuple[str, str, Any]]:
+    """(module, name, object) of every name in the ``__all__`` of the public namespaces, in ``PUBLIC_MODULES`` order."""
+    out = []
+    for module in PUBLIC_MODULES:
+        mod = importlib.import_module(module)
+        out += [(module, name, getattr(mod, name)) for name in mod.__all__]
+    return out
+
+
 # registered technique -> its page (docname) and the measured-table technique names it shows
 TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "trainer_settings": ("trainer_settings", ("precision",)),
@@ -53,6 +80,7 @@ TECHNIQUE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "optim": ("techniques/optim", ("optim",)),
     "schedule_free": ("techniques/optim", ()),
     "muon": ("techniques/optim", ()),
+    "optimizer_race": ("techniques/optim", ()),
     "finetune": ("techniques/finetune", ("finetune",)),
     "lr_finder": ("techniques/lr_finder", ()),
     "pruning": ("techniques/pruning", ("pruning",)),
@@ -162,9 +190,9 @@ def write_measured_includes() -> None:
     machine, rows = readme_measured()
     out = AUTO / "measured"
     header = ["variant", "metric", "speedup", "acc base", "acc cand", "acc delta", "note"]
-    import lightning_speedups as ls
+    from lightning_speedups._registry import list_techniques
 
-    for technique in ls.list_techniques():
+    for technique in list_techniques():
         readme_names = _page(technique)[1]
         mine = [r for r in rows if r.get("technique") in readme_names]
         if not mine:
@@ -205,10 +233,11 @@ def _xref(obj: Any) -> str:
 
 
 def write_technique_info() -> None:
-    import lightning_speedups as ls
+    from lightning_speedups._registry import get_technique, list_techniques
 
-    for name in ls.list_techniques():
-        info = ls.get_technique(name)
+    public = {id(obj) for _, _, obj in public_names()}
+    for name in list_techniques():
+        info = get_technique(name)
         rows = [
             ("name", f"`{info.name}`"),
             ("summary", info.summary.replace("|", "/")),
@@ -222,7 +251,7 @@ def write_technique_info() -> None:
         _write_if_changed(AUTO / "info" / f"{name}.md", text)
         # the registry's functional entry, documented where it lives now (it may move between modules)
         fn = info.functional
-        if fn is None or getattr(ls, fn.__name__, None) is fn:
+        if fn is None or id(fn) in public:
             text = "" if fn is None else f"The registry's functional entry is {_xref(fn)}.\n"
         else:
             kind = "autoclass" if isinstance(fn, type) else "autofunction"
@@ -311,51 +340,77 @@ def write_bench_includes() -> None:
 # ---------------------------------------------------------------- API index and checks
 
 
-def _autodoc_targets() -> set[int]:
-    """ids of the objects that the hand-written pages document with an ``auto*::`` directive."""
-    ids = set()
+def _page_directives() -> list[str]:
+    """The dotted paths that the hand-written pages document with an ``auto*::`` directive (a short name is read in
+    the page's ``currentmodule`` at that point)."""
+    paths = []
     for page in DOCS.rglob("*.md"):
         if "_build" in page.parts or "_auto" in page.parts:
             continue
-        for _, name in _DIRECTIVE.findall(page.read_text()):
-            obj = _import_path(name if "." in name else f"lightning_speedups.{name}")
-            if obj is not None:
-                ids.add(id(obj))
+        current = "lightning_speedups"
+        for line in page.read_text().splitlines():
+            if m := _CURRENT.match(line):
+                current = m.group(1)
+            elif m := _DIRECTIVE.match(line):
+                name = m.group(2)
+                paths.append(name if "." in name else f"{current}.{name}")
+    return paths
+
+
+def _autodoc_targets() -> set[int]:
+    """ids of the objects that the hand-written pages document with an ``auto*::`` directive."""
+    ids = set()
+    for path in _page_directives():
+        obj = _import_path(path)
+        if obj is not None:
+            ids.add(id(obj))
     return ids
 
 
-def write_api_index() -> None:
-    """The table of every public name, and the autodoc of public names no page documents yet (so a name added to
-    ``__all__`` is documented from its docstring the day it is added; a missing docstring is a build warning)."""
-    import lightning_speedups as ls
+def _autodoc_kind(obj: Any) -> str:
+    if isinstance(obj, type) and issubclass(obj, BaseException):
+        return "exception"
+    if isinstance(obj, type):
+        return "class"
+    return "function" if callable(obj) else "data"
 
-    names = "\n".join(f"   {n}" for n in ls.__all__)
-    _write_if_changed(
-        AUTO / "api_index.md",
-        "```{eval-rst}\n.. currentmodule:: lightning_speedups\n\n.. autosummary::\n   :nosignatures:\n\n"
-        f"{names}\n```\n",
-    )
+
+def write_api_index() -> None:
+    """The table of every public name, namespace by namespace, and the autodoc of public names no page documents yet
+    (so a name added to an ``__all__`` is documented from its docstring the day it is added; a missing docstring is a
+    build warning)."""
+    names = public_names()
+    tables = []
+    for module in PUBLIC_MODULES:
+        mine = [(n, obj) for m, n, obj in names if m == module]
+        rows = "\n".join(f"   {n}" for n, obj in mine if _autodoc_kind(obj) != "data")
+        table = (
+            f"## `{module}`\n\n```{{eval-rst}}\n.. currentmodule:: {module}\n\n.. autosummary::\n"
+            f"   :nosignatures:\n\n{rows}\n```\n"
+        )
+        # constants: a summary line would be their type's docstring (a dict's), so they are listed by name
+        constants = [f"{{py:data}}`~{module}.{n}`" for n, obj in mine if _autodoc_kind(obj) == "data"]
+        if constants:
+            table += f"\nConstants: {', '.join(constants)}.\n"
+        tables.append(table)
+    _write_if_changed(AUTO / "api_index.md", "\n".join(tables))
     on_pages = _autodoc_targets()
-    rest = []
-    for name in ls.__all__:
-        obj = getattr(ls, name)
+    rest: dict[str, list[str]] = {}
+    for module, name, obj in names:
         if id(obj) in on_pages:
             continue
+        on_pages.add(id(obj))  # once, under the first namespace that exports it
+        kind = _autodoc_kind(obj)
+        if kind == "data":  # a constant has no docstring of its own: show its value
+            rest.setdefault(module, []).append(f".. py:data:: {name}\n   :value: {_value(obj)}\n")
+            continue
         if not (getattr(obj, "__doc__", None) or "").strip():
-            logger.warning(f"public name lightning_speedups.{name} has no docstring", type="lsdocs")
-        kind = (
-            "exception"
-            if isinstance(obj, type) and issubclass(obj, BaseException)
-            else "class"
-            if isinstance(obj, type)
-            else "function"
-            if callable(obj)
-            else "data"
-        )
-        rest.append(f".. auto{kind}:: {name}")
+            logger.warning(f"public name {module}.{name} has no docstring", type="lsdocs")
+        rest.setdefault(module, []).append(f".. auto{kind}:: {name}")
+    blocks = [f".. py:currentmodule:: {module}\n\n" + "\n".join(lines) for module, lines in rest.items()]
     text = (
-        "```{eval-rst}\n.. currentmodule:: lightning_speedups\n\n" + "\n".join(rest) + "\n```\n"
-        if rest
+        "```{eval-rst}\n" + "\n\n".join(blocks) + "\n```\n"
+        if blocks
         else "Every public name is documented on a technique page or above.\n"
     )
     _write_if_changed(AUTO / "api_other.md", text)
@@ -363,6 +418,7 @@ def write_api_index() -> None:
 
 _ROLE = re.compile(r":(?:py:)?(func|class|meth|attr|data|exc|obj|const|mod):`~?([\w.]+)`")
 _DIRECTIVE = re.compile(r"^\s*\.\. auto(class|function|data|exception)::\s+([\w.]+)", re.M)
+_CURRENT = re.compile(r"^\s*\.\. (?:py:)?currentmodule::\s+([\w.]+)")
 
 
 def _is_ours(obj: Any) -> bool:
@@ -413,21 +469,18 @@ def write_related() -> None:
     modules move."""
     import typing
 
-    import lightning_speedups as ls
+    from lightning_speedups._registry import get_technique, list_techniques
 
     documented: set[int] = set()
-    roots: list[Any] = [getattr(ls, n) for n in ls.__all__]  # on their pages or in the API page's "other" section
+    roots: list[Any] = [obj for _, _, obj in public_names()]  # on their pages or in the API page's "other" section
     documented.update(id(o) for o in roots)
-    for page in DOCS.rglob("*.md"):
-        if "_build" in page.parts or "_auto" in page.parts:
-            continue
-        for _, name in _DIRECTIVE.findall(page.read_text()):
-            obj = _import_path(name if "." in name else f"lightning_speedups.{name}")
-            if obj is not None:
-                documented.add(id(obj))
-                roots.append(obj)
-    for name in ls.list_techniques():
-        fn = ls.get_technique(name).functional
+    for path in _page_directives():
+        obj = _import_path(path)
+        if obj is not None:
+            documented.add(id(obj))
+            roots.append(obj)
+    for name in list_techniques():
+        fn = get_technique(name).functional
         if fn is not None:
             documented.add(id(fn))
             roots.append(fn)
@@ -511,20 +564,30 @@ def write_related() -> None:
 
 
 def _import_path(path: str) -> Any:
-    """The object named by a dotted path, or None."""
+    """The object named by a dotted path, as Python reads it (an attribute before a submodule of the same name:
+    ``lightning_speedups.autotune`` is the function), or None. None also for a deprecated path: a name that left a
+    module's top level and is still served there, with a warning, by its ``__getattr__`` (the module's ``_MOVED``)."""
     parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:i]))
-        except Exception:
-            continue
-        try:
-            for attr in parts[i:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
+    try:
+        obj: Any = importlib.import_module(parts[0])
+    except Exception:
+        return None
+    for i, attr in enumerate(parts[1:], start=1):
+        if isinstance(obj, type(sys)) and attr in getattr(obj, "_MOVED", {}):
             return None
-        return obj
-    return None
+        try:
+            obj = getattr(obj, attr)
+            continue
+        except AttributeError:
+            pass
+        try:  # the module under the shadowing attribute (`lightning_speedups.autotune.TunePlan`), or a submodule
+            obj = getattr(importlib.import_module(".".join(parts[:i])), attr)
+        except Exception:
+            try:
+                obj = importlib.import_module(".".join(parts[: i + 1]))
+            except Exception:
+                return None
+    return obj
 
 
 _IDENTITY: dict[int, str] = {}  # id(object) -> documented name; per process (ids do not survive a pickled env)
@@ -575,14 +638,14 @@ def resolve_alias(app: Sphinx, env: Any, node: Any, contnode: Any) -> Any:
 
 
 def check_public_names(app: Sphinx, env: Any) -> None:
-    import lightning_speedups as ls
+    from lightning_speedups._registry import list_techniques
 
     documented = _documented_by_identity(env)
     objects = env.get_domain("py").objects
-    for name in ls.__all__:
-        if f"lightning_speedups.{name}" not in objects and id(getattr(ls, name)) not in documented:
-            logger.warning(f"public name lightning_speedups.{name} is not documented on any page", type="lsdocs")
-    for technique in ls.list_techniques():
+    for module, name, obj in public_names():
+        if f"{module}.{name}" not in objects and id(obj) not in documented:
+            logger.warning(f"public name {module}.{name} is not documented on any page", type="lsdocs")
+    for technique in list_techniques():
         page = _page(technique)[0]
         if page not in env.found_docs:
             logger.warning(
@@ -598,8 +661,8 @@ def check_public_names(app: Sphinx, env: Any) -> None:
 class BadInputDirective(SphinxDirective):
     """Run each line (a call with a bad argument) and show the ``SpeedupConfigError`` it raises, verbatim.
 
-    The lines run at build time in a namespace holding ``lightning_speedups.*`` (and ``torch``, ``nn``); a line
-    that does not raise ``SpeedupConfigError`` is a build warning, so the page cannot drift from the code.
+    The lines run at build time in a namespace holding every public name (``PUBLIC_MODULES``; and ``torch``, ``nn``);
+    a line that does not raise ``SpeedupConfigError`` is a build warning, so the page cannot drift from the code.
     """
 
     has_content = True
@@ -609,7 +672,9 @@ class BadInputDirective(SphinxDirective):
 
         import lightning_speedups as ls
 
-        ns: dict[str, Any] = {n: getattr(ls, n) for n in ls.__all__}
+        ns: dict[str, Any] = {}
+        for _, name, obj in reversed(public_names()):  # the top level wins a name two namespaces share
+            ns[name] = obj
         ns.update(torch=torch, nn=torch.nn)
         out = []
         for line in self.content:

@@ -284,7 +284,8 @@ class FineTuneFreezing(Callback):
                 f"({type(first).__name__})) hold the running statistics of a freshly built layer (mean 0, variance "
                 "1): the backbone looks untrained. In eval mode they would not normalise at all (a deep backbone "
                 "overflows), so they keep computing their statistics; their weights stay frozen. HINT: load the "
-                "pretrained weights before fit (e.g. `lightning_speedups.load_pretrained`), or pass `train_bn=True`."
+                "pretrained weights before fit (e.g. `lightning_speedups.functional.load_pretrained`), or pass "
+                "`train_bn=True`."
             )
         return names
 

@@ -102,6 +102,10 @@ class _ModuleArm:
         self.decays = not is_schedule_free(optimizer)
 
     def step(self, batch: Any, lr_scale: float) -> float:
+        with torch.random.fork_rng(devices=self.fit.rng_devices()):  # the fit's own draws stay as without a race
+            return self._step(batch, lr_scale)
+
+    def _step(self, batch: Any, lr_scale: float) -> float:
         self.module.train()
         if is_schedule_free(self.optimizer):
             self.optimizer.train()
@@ -129,7 +133,7 @@ class _ModuleArm:
             self.optimizer.eval()
         self.module.eval()
         losses = []
-        with torch.no_grad(), self.fit.forward_context():
+        with torch.random.fork_rng(devices=self.fit.rng_devices()), torch.no_grad(), self.fit.forward_context():
             for i, batch in enumerate(batches):
                 losses.append(float(training_step_loss(self.module, batch, i, quiet=True)))
         return losses
@@ -145,6 +149,11 @@ class _Fit:
 
     def forward_context(self) -> Any:
         return self.trainer.precision_plugin.forward_context()
+
+    def rng_devices(self) -> list[int]:
+        """The CUDA device whose generator an arm's step must leave as it found it (none on other devices)."""
+        root = self.trainer.strategy.root_device
+        return [root.index or 0] if root.type == "cuda" else []
 
     def reduce_grads(self, module: nn.Module) -> None:
         if self.trainer.world_size <= 1:
@@ -468,13 +477,13 @@ class OptimizerRace(Callback):
         missing = self.eval_batches - len(batches)
         if missing > 0:
             self.notes.append(f"scored on {missing} training batch(es): the validation has {len(batches)}")
-            with torch.random.fork_rng(devices=[]):
-                batches += list(fit_train_batches(trainer, pl_module, missing))
+            batches += list(fit_train_batches(trainer, pl_module, missing))
         return batches
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, race: Race) -> None:
         start = self.clock()
-        held_back = self._held_back(trainer, pl_module)
+        with torch.random.fork_rng(devices=self._fit.rng_devices() if self._fit else []):  # a loader's iterator draws
+            held_back = self._held_back(trainer, pl_module)
         race.cost_s += self.clock() - start
         verdict: RaceVerdict = race.finish(held_back)
         decision = (verdict.winner, verdict.note, verdict.gaps) if trainer.is_global_zero else None

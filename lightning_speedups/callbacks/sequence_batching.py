@@ -50,11 +50,12 @@ class SequenceBatching(Callback):
     strategy's arguments; everything that can be wrong raises there, before any step. At ``on_fit_start`` it
     replaces the loader (as the batch-size finder does) with the same dataset in new batches:
 
-    - ``"length_grouped"``: :class:`~lightning_speedups.LengthGroupedSampler` at your batch size + :func:`pad_collate`;
-    - ``"token_budget"``: :class:`~lightning_speedups.TokenBudgetBatchSampler` + :func:`pad_collate`; the default
+    - ``"length_grouped"``: :class:`~lightning_speedups.data.LengthGroupedSampler` at your batch size +
+      :func:`pad_collate`;
+    - ``"token_budget"``: :class:`~lightning_speedups.data.TokenBudgetBatchSampler` + :func:`pad_collate`; the default
       ``max_tokens`` keeps the real tokens per step of your batch size (batch size x mean length);
-    - ``"packed"``: :class:`~lightning_speedups.PackedBatchSampler` + :func:`pack_collate`: documents packed into rows
-      of ``block_size`` (``position_ids`` restart per document, no ``attention_mask``). Only for a model whose
+    - ``"packed"``: :class:`~lightning_speedups.data.PackedBatchSampler` + :func:`pack_collate`: documents packed into
+      rows of ``block_size`` (``position_ids`` restart per document, no ``attention_mask``). Only for a model whose
       ``forward`` takes ``position_ids`` and keeps packed documents apart, which ``setup`` checks by running it on
       two documents packed and alone; otherwise it refuses, naming the module and the reason;
     - ``"auto"``: times the training step on a few batches of your loader, of ``"length_grouped"`` and (with a

@@ -49,7 +49,8 @@ def crop_flip(
 
     Args:
         x: ``(B, C, H, W)`` images of any real dtype.
-        oy / ox: ``(B,)`` integer offsets into the padded image, in ``[0, H + 2 * padding - size[0]]`` (resp. W).
+        oy: ``(B,)`` integer row offsets into the padded image, in ``[0, H + 2 * padding - size[0]]``.
+        ox: ``(B,)`` integer column offsets into the padded image, in ``[0, W + 2 * padding - size[1]]``.
         flip: ``(B,)`` bool, mirror sample ``b`` horizontally.
         size: output ``(height, width)``.
         padding: pixels added on every side before cropping.

@@ -2,8 +2,8 @@
 
 Lightning injects a ``DistributedSampler`` into every ``DataLoader`` under DDP by re-building it around a new sampler,
 which a length-aware batch sampler cannot take. :class:`SequenceLoader` is not a ``DataLoader`` (as
-:class:`~lightning_speedups.DeviceDataLoader` is not), so Lightning leaves it alone; its batch sampler shards itself
-over the ranks and exposes ``sampler.set_epoch``, which Lightning's fit loop calls at every epoch start.
+:class:`~lightning_speedups.data.DeviceDataLoader` is not), so Lightning leaves it alone; its batch sampler shards
+itself over the ranks and exposes ``sampler.set_epoch``, which Lightning's fit loop calls at every epoch start.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ class SequenceLoader:
 
     Args:
         dataset: a map-style dataset of token samples.
-        batch_sampler: a :class:`~lightning_speedups.LengthGroupedSampler`,
-            :class:`~lightning_speedups.TokenBudgetBatchSampler` or :class:`~lightning_speedups.PackedBatchSampler`.
-        collate_fn: e.g. :func:`~lightning_speedups.pad_collate` or :func:`~lightning_speedups.pack_collate`.
+        batch_sampler: a :class:`~lightning_speedups.data.LengthGroupedSampler`,
+            :class:`~lightning_speedups.data.TokenBudgetBatchSampler` or
+            :class:`~lightning_speedups.data.PackedBatchSampler`.
+        collate_fn: e.g. :func:`~lightning_speedups.data.pad_collate` or :func:`~lightning_speedups.data.pack_collate`.
         **loader_kwargs: passed to the inner ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
     Example::

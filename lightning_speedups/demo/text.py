@@ -125,7 +125,7 @@ class TextClassifier(L.LightningModule):
     """A small transformer encoder over byte tokens, with a padding mask and masked mean pooling; a plain module.
 
     ``forward(input_ids, attention_mask=None)`` returns class logits; batches are dicts with ``input_ids``,
-    ``attention_mask`` and ``label`` (what :func:`~lightning_speedups.pad_collate` builds).
+    ``attention_mask`` and ``label`` (what :func:`~lightning_speedups.data.pad_collate` builds).
     """
 
     def __init__(

@@ -1,4 +1,5 @@
-"""The int8 inference paths :func:`~lightning_speedups.quantize_for_inference` chooses from: a handler registry.
+"""The int8 inference paths :func:`~lightning_speedups.functional.quantize_for_inference` chooses from: a handler
+registry.
 
 Each backend is one :class:`Int8Backend` entry (torchao's ``register_quantize_module_handler`` style): a builder that
 turns a float eval-mode copy into an int8 model, plus what the chooser and the loaders need to know about it. A new
@@ -61,7 +62,8 @@ class Int8Backend:
     Args:
         name: the ``backend=`` value.
         build: ``build(float_copy, example_args, calibration_batches, calibrate) -> int8 model``; ``calibrate=False``
-            when rebuilding for :func:`~lightning_speedups.load_quantized` (the saved scales are loaded next).
+            when rebuilding for :func:`~lightning_speedups.functional.load_quantized` (the saved scales are loaded
+            next).
         saveable: whether ``state_dict`` + recipe can rebuild it (compiled graphs cannot).
         needs_compile: tried by ``backend="auto"`` only with ``allow_compile=True`` (compiling takes tens of seconds).
         load_assign: load its ``state_dict`` with ``assign=True`` (tensor-subclass weights).

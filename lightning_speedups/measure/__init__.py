@@ -10,12 +10,14 @@ once. Two entry points:
 
 They time what :func:`make_train_step` builds (the one step factory) on a :func:`model_copy` (the one model-copy
 helper). :func:`interleaved_timings` gives a benchmark table its raw times (A B A B ... after warm-up), and
-:func:`machine_info` names the machine above it. Measured plans and verdicts are kept by :class:`PlanCache`.
+:func:`machine_info` names the machine above it, :func:`device_peak_flops` its peak FLOP/s. Measured plans and
+verdicts are kept by :class:`PlanCache`.
 
 Ratios, not absolute times: candidates run interleaved so machine noise (other processes, thermal state) spreads
 evenly over them, and ratios compare medians (the loop and its example: ``measure/timing.py``).
 """
 
+from lightning_speedups._peak import PeakEstimate, device_peak_flops, estimate_cpu_peak_flops
 from lightning_speedups.measure.cache import PlanCache, default_cache_dir, plan_key
 from lightning_speedups.measure.decide import Comparison, Settled, compare, look_rounds, median_interval, settle
 from lightning_speedups.measure.machine import cpu_model, machine_info
@@ -55,6 +57,10 @@ __all__ = [
     "median",
     "speed_ratio",
     "torch_threads",
+    # peak FLOP/s of the device (utilisation = achieved / peak; an estimate on CPUs)
+    "PeakEstimate",
+    "device_peak_flops",
+    "estimate_cpu_peak_flops",
     # the cache of measured plans
     "PlanCache",
     "default_cache_dir",

@@ -277,7 +277,7 @@ def schedule_free_eval(
 
     When a switch moved weights and ``model`` has BatchNorm layers, up to ``bn_batches`` of ``batches`` (training
     batches) run through ``model`` with only the BatchNorm layers in train mode, without gradients, so the running
-    statistics match ``x`` rather than ``y`` (see :func:`~lightning_speedups.recompute_batchnorm`).
+    statistics match ``x`` rather than ``y`` (see :func:`~lightning_speedups.optim.recompute_batchnorm`).
 
     Args:
         optimizers: optimizers; those without schedule-free ``train()`` / ``eval()`` are skipped.
@@ -285,7 +285,7 @@ def schedule_free_eval(
         batches: training batches for the refresh.
         bn_batches: how many batches at most; 0 turns the refresh off.
         forward: ``forward(model, batch)``; ``None`` finds the batch's input (see
-            :func:`~lightning_speedups.recompute_batchnorm`).
+            :func:`~lightning_speedups.optim.recompute_batchnorm`).
 
     Returns:
         A :class:`ModeSwitch` summary.

@@ -132,7 +132,7 @@ def test_advisor_data_bound_fit(monkeypatch):
 def test_advisor_cpu_utilisation_against_estimated_peak(monkeypatch):
     """On a CPU the report's utilisation is against the estimated peak for the run's dtype, labelled an estimate."""
     import lightning_speedups.callbacks.advisor.facts as measure_mod
-    from lightning_speedups import estimate_cpu_peak_flops
+    from lightning_speedups.measure import estimate_cpu_peak_flops
 
     asked = []
 

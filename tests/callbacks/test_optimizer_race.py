@@ -117,6 +117,28 @@ def test_a_schedule_follows_the_winning_learning_rate() -> None:
         assert raced["max_lr"] == pytest.approx(3 * own["max_lr"])
 
 
+def test_a_race_the_module_wins_leaves_its_run_as_without_a_race() -> None:
+    """The arms' steps draw dropout masks from a forked generator: the fit's own draws, and so its weights, are those
+    of a fit without the race."""
+
+    class Dropped(Regression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.3), nn.Tanh(), nn.Linear(32, 1))
+
+    def fit(callbacks: list[Any]) -> Regression:
+        L.seed_everything(0, verbose=False)
+        module = Dropped()
+        quiet_trainer(max_steps=120, limit_val_batches=2, callbacks=callbacks).fit(module, _data(), _data(64))
+        return module
+
+    race = OptimizerRace(["own", "own_lr_x0.3"], max_cost=0.5, margin=0.99, clock=Counter())
+    raced = fit([race])
+    assert race.winner == "own" and race.note.startswith("kept own")
+    for (key, a), b in zip(fit([]).state_dict().items(), raced.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, msg=key)
+
+
 def test_a_run_too_short_is_not_raced_and_keeps_its_optimizer() -> None:
     race = OptimizerRace()
     trainer = quiet_trainer(max_steps=20, limit_val_batches=0, callbacks=[race])

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_speedups import SequenceBatching, SpeedupConfigError, packed_attention_mask, pad_collate
-from lightning_speedups.data import SequenceLoader
+from lightning_speedups import SequenceBatching, SpeedupConfigError
+from lightning_speedups.data import SequenceLoader, packed_attention_mask, pad_collate
 
 
 class Tokens(Dataset):

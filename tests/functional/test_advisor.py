@@ -160,7 +160,7 @@ def test_advisor_report_formats(tmp_path):
 
 
 def test_advisor_report_cpu_utilisation_against_estimated_peak():
-    from lightning_speedups import estimate_cpu_peak_flops
+    from lightning_speedups.measure import estimate_cpu_peak_flops
 
     est = estimate_cpu_peak_flops(cores=2, ghz=2.45, flags="sse avx avx2 fma", vendor="AuthenticAMD")  # 156.8 GFLOP/s
     m = _m(

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_speedups import SpeedupConfigError, prune_structured
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups.functional import prune_structured
 
 tp = pytest.importorskip("torch_pruning")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch-pruning warns about unwrapped parameters

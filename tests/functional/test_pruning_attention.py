@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_speedups import SpeedupConfigError, prune_structured, prune_unstructured
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups.functional import prune_structured, prune_unstructured
 from lightning_speedups.functional.pruning import make_pruning_permanent, masked_modules, weight_mask
 
 pytest.importorskip("torch_pruning")

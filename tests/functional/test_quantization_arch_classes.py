@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_speedups import SpeedupConfigError, quantize_for_inference
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups.functional import quantize_for_inference
 from lightning_speedups.functional.int8_backends import count_quantized_layers
 
 
@@ -161,7 +162,7 @@ def test_quantization_leaves_a_functionally_read_linear_in_float(backend, tmp_pa
     and the saved model rebuilds."""
     if backend == "torchao_dynamic":
         pytest.importorskip("torchao")
-    from lightning_speedups import load_quantized, save_quantized
+    from lightning_speedups.functional import load_quantized, save_quantized
 
     torch.manual_seed(0)
     model = FunctionalWeight().eval()

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_speedups import SpeedupConfigError, quantize_for_inference
+from lightning_speedups import SpeedupConfigError
+from lightning_speedups.functional import quantize_for_inference
 from lightning_speedups.functional.quantization import split_calibration
 
 

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_speedups as ls
 from lightning_speedups._errors import SpeedupConfigError
+from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, SpeedupMixin, create_optimizer
 from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer, muon_param_groups
 from tests.fsdp_cpu import CPUFSDPStrategy
@@ -307,7 +308,7 @@ def test_muon_with_finetuning_groups_pruning_rebuild_and_ema() -> None:
     net = Net()
     callbacks = [
         ls.FineTuneFreezing(unfreeze_at_epoch=1, unfreeze_every=1, lr_decay=0.5, verbose=False),
-        ls.Pruning(amount=0.5, start_epoch=2),
+        Pruning(amount=0.5, start_epoch=2),
         ls.EMA(decay=0.9),
     ]
     trainer = quiet_trainer(max_epochs=3, callbacks=callbacks)

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lightning_speedups as ls
 from lightning_speedups import SpeedupConfigError
+from lightning_speedups.functional import quantize_for_inference
 from lightning_speedups.functional.channels_last import apply_channels_last, is_channels_last
 from tests.zoo.models import ARCHS, build
 from tests.zoo.techniques import EFFECTS, TECHNIQUES, Refused, Technique, expected, param_count
@@ -369,7 +370,7 @@ def quantize_check(cell: Cell) -> tuple[str, str | None]:
     ref = _outputs(model)
     want = cell.expected
     try:
-        qmodel, report = ls.quantize_for_inference(model, inputs, repeats=2)
+        qmodel, report = quantize_for_inference(model, inputs, repeats=2)
     except SpeedupConfigError as err:
         if isinstance(want, Refused) and re.search(want.pattern, str(err)):
             return f"refused: {_short(err)}", None

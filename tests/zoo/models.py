@@ -24,7 +24,8 @@ from lightning.pytorch.demos.transformer import LightningTransformer, Transforme
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_speedups import OptimizerConfig, SpeedupMixin, create_optimizer
+from lightning_speedups import OptimizerConfig, SpeedupMixin
+from lightning_speedups.optim import create_optimizer
 
 __all__ = [
     "ARCHS",

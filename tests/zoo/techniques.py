@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import lightning_speedups as ls
-from lightning_speedups import get_technique, list_techniques
+from lightning_speedups._registry import get_technique, list_techniques
 from tests.zoo.models import ARCHS
 
 __all__ = [
