@@ -14,7 +14,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelP
 
 from lightning_speedups._errors import SpeedupConfigError
 
-__all__ = ["SHARDED_STRATEGIES", "refuse_sharded"]
+__all__ = ["SHARDED_STRATEGIES", "refuse_manual_optimization", "refuse_sharded"]
 
 SHARDED_STRATEGIES = (FSDPStrategy, DeepSpeedStrategy, ModelParallelStrategy)
 
@@ -30,4 +30,18 @@ def refuse_sharded(trainer: Any, technique: str, hint: str) -> None:
         raise SpeedupConfigError(
             f"`strategy`={type(strategy).__name__} is not supported by {technique}. Allowed values: single device, "
             f"'ddp', 'ddp_spawn' (unsharded strategies). HINT: {hint}"
+        )
+
+
+def refuse_manual_optimization(pl_module: Any, technique: str, hint: str | None = None) -> None:
+    """Raise :class:`SpeedupConfigError` when ``pl_module`` steps its own optimizer (``automatic_optimization=False``):
+    ``technique`` replaces the optimizer Lightning steps, which such a module never hands to Lightning.
+
+    >>> import lightning as L
+    >>> refuse_manual_optimization(L.LightningModule(), "Muon")  # automatic optimization: nothing raised
+    """
+    if not pl_module.automatic_optimization:
+        raise SpeedupConfigError(
+            f"{technique} replaces the optimizer Lightning steps, but `automatic_optimization`=False: the module steps "
+            "its own. Allowed values: automatic optimization." + (f" HINT: {hint}" if hint else "")
         )

@@ -54,7 +54,7 @@ from lightning_speedups.benchmarks.lr_grid import QUICK_OVERRIDES, NoLr, with_lr
 from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.muon import Muon
-from lightning_speedups.callbacks.optimizer_race import OptimizerRace
+from lightning_speedups.callbacks.optimizer_race import ARMS, OptimizerRace
 from lightning_speedups.callbacks.schedule_free import ScheduleFreeSwitch
 from lightning_speedups.measure import interleaved_timings, machine_info, make_train_step, median, model_copy
 from lightning_speedups.measure.models import training_step_loss
@@ -76,8 +76,6 @@ __all__ = [
 METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd", "race")
 # OptimizerRace's arguments for the "race" method (``--race-arms``, ``--race-min-steps``; default: its defaults)
 RACE_KWARGS: dict[str, Any] = {}
-# the method whose step a race's winner trains with (its time to the target is priced at that step)
-RACE_WINNER_METHOD = {"own": "own", "own_lr_x3": "own", "muon": "muon", "schedule_free_adamw": "schedule_free_adamw"}
 LR_GRID_JSON = Path(__file__).resolve().parents[2] / "docs" / "_data" / "lr_grid.json"
 ROW_KEYS = (
     "task",
@@ -342,7 +340,8 @@ def _race_steps(r: dict[str, Any], step_s: dict[tuple[Any, ...], float], task: s
     if r["method"] != "race":
         return steps
     own = step_s.get((task, no_bf16, "own"))
-    winner = step_s.get((task, no_bf16, RACE_WINNER_METHOD.get(r.get("winner") or "own", "own")))
+    # the winning arm's kind ("own", "muon", "schedule_free_adamw") is the method whose step it trains with
+    winner = step_s.get((task, no_bf16, ARMS[r.get("winner") or "own"].kind))
     scale = winner / own if own and winner else 1.0
     return steps * scale + (r.get("race_cost_steps") or 0.0)
 

@@ -13,7 +13,7 @@ from typing_extensions import override
 from lightning_speedups._compat import retarget_scheduler
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_range
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups._strategies import refuse_sharded
+from lightning_speedups._strategies import refuse_manual_optimization, refuse_sharded
 from lightning_speedups.optim.lr_scaling import scale_optimizer_lrs
 from lightning_speedups.optim.muon import CONV_MODES, MuonWithAdamW, muon_from_optimizer
 
@@ -72,12 +72,9 @@ class Muon(Callback):
         if stage != "fit":
             return
         refuse_sharded(trainer, "Muon", "Muon needs each weight matrix whole on one rank; use 'ddp'.")
-        if not pl_module.automatic_optimization:
-            raise SpeedupConfigError(
-                "Muon replaces the optimizer Lightning steps, but `automatic_optimization`=False: the module steps "
-                "its own. Allowed values: automatic optimization. HINT: build muon_from_optimizer(...) yourself in "
-                "configure_optimizers."
-            )
+        refuse_manual_optimization(
+            pl_module, "Muon", "build muon_from_optimizer(...) yourself in configure_optimizers."
+        )
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

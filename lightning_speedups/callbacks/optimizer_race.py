@@ -24,7 +24,7 @@ from lightning_speedups._compat import retarget_scheduler
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
 from lightning_speedups._rebuild import clone_optimizer
 from lightning_speedups._registry import TechniqueInfo, register_technique
-from lightning_speedups._strategies import refuse_sharded
+from lightning_speedups._strategies import refuse_manual_optimization, refuse_sharded
 from lightning_speedups.measure import model_copy, training_step_loss
 from lightning_speedups.optim.lr_scaling import RATE_KEYS, scale_optimizer_lrs
 from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer
@@ -265,6 +265,7 @@ class OptimizerRace(Callback):
         self.gaps: dict[str, tuple[float, float, float]] = {}
         self.cost_s = 0.0
         self.steps = 0
+        self._cooldown = 0  # each fork's cool-down steps, from the race's plan
         self.own_step_s = 0.0  # the module's mean race step (seconds), what cost_s is priced against
         self._race: Race | None = None
         self._fit: _Fit | None = None
@@ -280,11 +281,7 @@ class OptimizerRace(Callback):
         if stage != "fit":
             return
         refuse_sharded(trainer, "OptimizerRace", "its arms need whole parameters on one rank; use 'ddp'.")
-        if not pl_module.automatic_optimization:
-            raise SpeedupConfigError(
-                "OptimizerRace replaces the optimizer Lightning steps, but `automatic_optimization`=False: the module "
-                "steps its own. Allowed values: automatic optimization."
-            )
+        refuse_manual_optimization(pl_module, "OptimizerRace")
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -369,7 +366,8 @@ class OptimizerRace(Callback):
         """The arms: copies of the module with their optimizers (a resumed race loads their saved state); the
         copies' time counts in the race's cost."""
         start = self.clock()
-        fit = self._fit or _Fit(trainer)
+        fit = self._fit
+        assert fit is not None, "on_fit_start sets the fit's view before the first batch"
         own = trainer.optimizers[0]
         arms: dict[str, Any] = {
             BASELINE: _ModuleArm(pl_module, own, list(range(len(own.param_groups))), ARMS[BASELINE], fit)
@@ -482,7 +480,8 @@ class OptimizerRace(Callback):
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, race: Race) -> None:
         start = self.clock()
-        with torch.random.fork_rng(devices=self._fit.rng_devices() if self._fit else []):  # a loader's iterator draws
+        assert self._fit is not None
+        with torch.random.fork_rng(devices=self._fit.rng_devices()):  # a loader's iterator draws from the generator
             held_back = self._held_back(trainer, pl_module)
         race.cost_s += self.clock() - start
         verdict: RaceVerdict = race.finish(held_back)
