@@ -7,7 +7,7 @@ Usage::
 
 A new user's case (issue 50, part 3): a small ``Conv1d`` network in a plain ``LightningModule`` (its own Adam in
 ``configure_optimizers``), generated 3-channel signals of 8 waveform classes
-(:func:`~lightning_speedups.benchmarks.workloads.signals.draw_signals`) in a ``TensorDataset``, a planned run of
+(:func:`~benchmarks.workloads.signals.draw_signals`) in a ``TensorDataset``, a planned run of
 ``--epochs`` epochs whose plain fit reaches ``val_acc`` ``--target`` in a few seconds. Per seed, interleaved (plain,
 autotune, plain, autotune, ...): the plain fit, and ``autotune(model, loader, cache=False)`` (an empty cache: its first
 run) then the fit with the plan. Each is timed from before the Trainer (plain) or before ``autotune`` (autotune) to the
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.workloads.signals import draw_signals, signal_cnn
 from lightning_speedups.autotune import autotune
-from lightning_speedups.benchmarks.workloads.signals import draw_signals, signal_cnn
 from lightning_speedups.measure import machine_info
 
 WINDOW = 256  # the centred window of each 512-sample signal the network sees
@@ -121,7 +121,7 @@ def run_once(seed: int, tuned: bool, args: argparse.Namespace) -> dict[str, Any]
         plan = autotune(model, train, cache=False, no_bf16=args.no_bf16, **kwargs)
         plan.apply(model, train)
         tune_s = time.perf_counter() - start
-        notes = plan.to_text().splitlines()
+        notes = plan.explain(width=None).splitlines()
         callbacks, kwargs = plan
         trainer = L.Trainer(callbacks=[*callbacks, reach], **kwargs)
         trainer.fit(model, plan.train_dataloaders or train, val)

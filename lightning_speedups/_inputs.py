@@ -1,11 +1,14 @@
 """Example inputs for tracing and checks, taken from a training batch when the user gave none, and the one way to run
 a model on them: :func:`call_model` (a dict, a tuple or a single input), in :func:`eval_mode` or :func:`train_mode`
-(both leave the model as they found it)."""
+(both leave the model as they found it); when a run fails, :func:`failing_module` says which submodule it failed in."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Any
 
 import torch
@@ -17,6 +20,7 @@ __all__ = [
     "candidate_inputs",
     "eval_mode",
     "example_from_batch",
+    "failing_module",
     "first_batch",
     "flat_tensors",
     "forward_error",
@@ -147,6 +151,54 @@ def forward_error(model: nn.Module, inputs: Any) -> str | None:
         return None
     except Exception as err:  # any failure of the user's forward
         return f"{type(err).__name__}: {err}"
+
+
+def failing_module(
+    model: nn.Module,
+    err: BaseException,
+    frame_modules: Callable[[FrameType, dict[int, str]], list[nn.Module]] | None = None,
+) -> str | None:
+    """Dotted name of the innermost submodule of ``model`` that was running when ``err`` was raised.
+
+    Read off the traceback, so it also finds a module whose ``forward`` was called directly: a frame whose ``self``
+    is one of ``model``'s modules (its ``forward``, a method or a hook of it) names that module. ``frame_modules(frame,
+    names)`` may name the modules behind any other frame (a library working on layers it was given), ``names``
+    mapping ``id(module)`` to its name; several modules are reported as their common parent.
+
+    Returns:
+        The submodule's name for ``model.get_submodule``, ``""`` for ``model`` itself, or ``None`` when no frame of
+        the traceback ran in ``model``.
+
+    Example::
+
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.Linear(5, 1))
+        >>> try:
+        ...     net(torch.zeros(1, 3))
+        ... except RuntimeError as err:
+        ...     failing_module(net, err)
+        '1'
+    """
+    names = {id(m): n for n, m in model.named_modules()}
+    found = None
+    for frame, _line in traceback.walk_tb(err.__traceback__ or sys.exc_info()[2]):
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in names:
+            modules = [owner]
+        else:
+            modules = frame_modules(frame, names) if frame_modules is not None else []
+        if modules:
+            found = _common_parent([names[id(m)] for m in modules])
+    return found
+
+
+def _common_parent(paths: list[str]) -> str:
+    parts = [p.split(".") for p in dict.fromkeys(paths)]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
 
 
 def example_from_batch(model: nn.Module, batch: Any, n: int = 2) -> Any:

@@ -7,6 +7,7 @@ import importlib.metadata
 import platform
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -69,38 +70,38 @@ def _split(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
-def _cmd_evidence(args: argparse.Namespace) -> int:
-    from lightning_speedups.benchmarks.evidence import format_evidence
-
-    page = format_evidence(args.from_json)  # the committed results only: nothing runs
-    if not args.markdown:
-        print(page, end="")
-        return 0
-    with open(args.markdown, "w") as f:
-        f.write(page)
-    print(f"wrote {args.markdown}")
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.from_json:
-        return _cmd_evidence(args)
-    import lightning_speedups  # noqa: F401  (registers the techniques)
-    from lightning_speedups.benchmarks.runner import (
-        format_markdown,
-        format_table,
-        run_benchmarks,
-        split_rows,
-        write_json,
-        write_plots,
+def _machine_line(machine: dict[str, Any], quick: bool) -> str:
+    return (
+        f"Machine: {machine['cpu']}, {machine['cpu_count']} cores, {machine['torch_threads']} torch threads, "
+        f"torch {machine['torch']}, device {machine['device']}. Mode: {'quick' if quick else 'full'}."
     )
+
+
+# what only a new run uses: with --from-json nothing runs
+_RUN_OPTIONS = ("quick", "json", "only", "skip", "target_accuracy", "no_bf16")
+
+
+def _rows_from_json(args: argparse.Namespace) -> tuple[list[Any], dict[str, str], dict[str, Any]]:
+    from lightning_speedups._errors import SpeedupConfigError
+    from lightning_speedups.benchmarks.runner import read_json
+
+    given = [f"--{name.replace('_', '-')}" for name in _RUN_OPTIONS if getattr(args, name)]
+    if given:
+        raise SpeedupConfigError(
+            f"`--from-json` runs nothing, so {', '.join(given)} would do nothing. Allowed with it: --markdown, --plots."
+        )
+    run = read_json(args.from_json)
+    print(f"{_machine_line(run['machine'], run.get('quick', False))} Date: {run.get('date')}. From {args.from_json}.")
+    return run["rows"], run["errors"], run["machine"]
+
+
+def _rows_from_a_run(args: argparse.Namespace) -> tuple[list[Any], dict[str, str], dict[str, Any]]:
+    import lightning_speedups  # noqa: F401  (registers the techniques)
+    from lightning_speedups.benchmarks.runner import run_benchmarks
     from lightning_speedups.measure import machine_info
 
     machine = machine_info()
-    print(
-        f"Machine: {machine['cpu']}, {machine['cpu_count']} cores, {machine['torch_threads']} torch threads, "
-        f"torch {machine['torch']}, device {machine['device']}. Mode: {'quick' if args.quick else 'full'}."
-    )
+    print(_machine_line(machine, args.quick))
     rows, errors = run_benchmarks(
         quick=args.quick,
         only=_split(args.only),
@@ -108,6 +109,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         target=args.target_accuracy,
         no_bf16=args.no_bf16,
     )
+    return rows, errors, machine
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from lightning_speedups.benchmarks.runner import format_markdown, format_table, split_rows, write_json, write_plots
+
+    rows, errors, machine = _rows_from_json(args) if args.from_json else _rows_from_a_run(args)
     end_to_end, components = split_rows(rows)
     print("\nSpeedup = baseline median time / technique median time, measured interleaved in this run.")
     if end_to_end:
@@ -117,7 +125,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print("\nSingle techniques, each on its own metric (the end-to-end rows show what a whole run gains):\n")
         print(format_table(components))
     if rows and not (args.json or args.markdown):
-        print("\nEach row's notes (what was held equal, counts, caveats): add --json PATH or --markdown PATH.")
+        where = "--markdown PATH" if args.from_json else "--json PATH or --markdown PATH"
+        print(f"\nEach row's notes (what was held equal, counts, caveats): add {where}.")
     if args.json:
         write_json(args.json, rows, errors, args.quick)
         print(f"\nwrote {args.json}")
@@ -129,10 +138,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for path in write_plots(args.plots, rows):
             print(f"wrote {path}")
     if errors:
-        print("\nFAILED benchmarks:", file=sys.stderr)
+        print(f"\nFAILED benchmarks{' in that run' if args.from_json else ''}:", file=sys.stderr)
         for name, err in errors.items():
             print(f"  {name}: {err}", file=sys.stderr)
-        return 1
+        return 0 if args.from_json else 1  # re-printing a run succeeded, whatever that run did
     return 0
 
 
@@ -158,19 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--markdown",
         metavar="PATH",
-        help="write the results as a markdown table; with --from-json, write the evidence page (docs/evidence.md)",
+        help="write the results as a markdown table (with their notes)",
     )
     bench.add_argument(
         "--from-json",
-        metavar="DIR",
-        help="run nothing: collect the committed results in DIR (docs/_data) into the evidence page, one section per "
-        "technique, each table with its machine and date",
+        metavar="FILE",
+        help="run nothing: print again the results a `bench --json FILE` run wrote (with --markdown, --plots: write "
+        "them too). The project's evidence page is made from a clone: python -m benchmarks.evidence",
     )
     bench.add_argument("--plots", metavar="DIR", help="write PNG charts (needs matplotlib)")
     bench.add_argument(
         "--only",
         metavar="NAMES",
-        help="comma-separated technique names to run; 'workloads' (run only when named) runs the workload suite",
+        help="comma-separated technique names to run (the project's workload suite runs from a clone: "
+        "python -m benchmarks.workloads_bench)",
     )
     bench.add_argument("--skip", metavar="NAMES", help="comma-separated technique names to skip")
     bench.add_argument(

@@ -370,7 +370,7 @@ register_technique(
         callback=None,
         functional=get_recipe,
         summary="fast_train / fast_finetune presets composing the techniques, with conflict checks",
-        mission_tip="1, 2, 3, 4, 5, 6, 7, 8, 9",
+        ways=(1, 2, 3, 4, 5, 6, 7, 8, 9),
         bench="lightning_speedups.benchmarks.recipes:run",
     )
 )

@@ -1,4 +1,4 @@
-"""Trainer settings for the hardware at hand (mission tips 1 and 9): accelerator, devices, strategy, precision.
+"""Trainer settings for the hardware at hand (ways 1 and 9): accelerator, devices, strategy, precision.
 
 ``trainer_settings(...)`` turns "use my hardware well" into ``lightning.Trainer`` keyword arguments;
 ``explain_trainer_settings(...)`` returns the same plus the reason for each choice. Bad combinations raise
@@ -401,7 +401,7 @@ register_technique(
         callback=None,
         functional=trainer_settings,
         summary="accelerator/devices/DDP/precision picked for this hardware, with reasons; bench: bf16 vs fp32",
-        mission_tip="1, 9",
+        ways=(1, 9),
         bench="lightning_speedups.benchmarks.precision:run",
     )
 )

@@ -159,7 +159,8 @@ def test_a_run_too_short_to_measure_says_so_once_with_the_budget_it_needs_and_ad
     assert any(
         n.startswith("ema, schedule not added: no evidence for this model kind (transformer)") for n in plan.notes
     )
-    assert "[6, 6, 7, 5]" not in plan.to_text() and "digits" not in plan.to_text()
+    text = plan.to_text() + plan.explain()
+    assert "[6, 6, 7, 5]" not in text and "digits" not in text
 
 
 def test_a_too_short_run_of_a_conv_model_keeps_the_methods_it_names(monkeypatch):
@@ -237,7 +238,7 @@ def test_precision_that_the_budget_cannot_fit_is_timed_on_the_fits_own_steps(mon
     (note,) = [n for n in plan.notes if "not tried: what was left" in n]
     assert "channels_last not tried" in note and "precision" not in note
     assert not note.startswith("nothing measured")  # precision is measured, in the fit
-    assert "the trial budget could not fit an offline comparison" in plan.to_text()
+    assert "the trial budget could not fit an offline comparison" in plan.explain(width=None)
     # with no_bf16 the fit's trial (which only times bf16) is never the fallback
     plain = _fake_tune(monkeypatch, FakeMachine({}), ["precision"], budget_s=2.5, max_steps=240, no_bf16=True)
     assert plain.choices == [] and not plain.callbacks and "no_bf16=True" in " ".join(plain.notes)

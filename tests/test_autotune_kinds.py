@@ -125,7 +125,7 @@ def test_model_kind(build, kind):
 def test_a_1d_cnn_reads_as_conv_and_its_default_plan_follows_the_conv_evidence():
     # issue 50: the workload suite's 1-D CNN (Conv1d, BatchNorm1d, pooling, a linear head) read as "mlp"; as a conv
     # model it gets the conv kind's default (today neither method: a conv task slowed each) and the conv rows' note
-    from lightning_speedups.benchmarks.workloads.signals import signal_cnn
+    from benchmarks.workloads.signals import signal_cnn
 
     net = signal_cnn(width=4)
     assert model_kind(net, torch.zeros(2, 3, 64)) == "conv"

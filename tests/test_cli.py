@@ -1,4 +1,4 @@
-"""The console script: --help, info, bench --quick (JSON + PNG), bad technique names."""
+"""The console script: --help, info, bench --quick (JSON + PNG), bench --from-json, bad technique names."""
 
 from __future__ import annotations
 
@@ -60,6 +60,50 @@ def test_cli_bench_only_json_and_plots(tmp_path, capsys):
     assert (tmp_path / "components.png").stat().st_size > 1000 and not (tmp_path / "end_to_end.png").exists()
     assert "| technique |" in (tmp_path / "bench.md").read_text()
     assert "speedup" in capsys.readouterr().out
+    # --from-json prints the saved run again, runs nothing, and writes the same markdown the run wrote
+    assert main(["bench", "--from-json", str(out_json), "--markdown", str(tmp_path / "again.md")]) == 0
+    assert (tmp_path / "again.md").read_text() == (tmp_path / "bench.md").read_text()
+    out = capsys.readouterr().out
+    assert f"From {out_json}." in out and "precision" in out and "[bench]" not in out
+
+
+def _saved_run(tmp_path, errors=None):
+    path = tmp_path / "run.json"
+    machine = {"cpu": "TestCPU", "cpu_count": 2, "torch_threads": 2, "torch": "x", "device": "cpu"}
+    row = {"technique": "pruning", "variant": "v", "metric": "m", "baseline": 2.0, "candidate": 1.0, "ratio": 2.0}
+    row["accuracy_delta"] = None  # as write_json writes it
+    payload = {"machine": machine, "date": "D", "quick": True, "errors": errors or {}, "rows": [row]}
+    path.write_text(json.dumps(payload))
+    return path
+
+
+def test_cli_bench_from_json_prints_a_saved_run(tmp_path, capsys):
+    path = _saved_run(tmp_path, errors={"qat": "RuntimeError: boom"})
+    assert main(["bench", "--from-json", str(path)]) == 0  # re-printing a run that had a failure succeeds
+    captured = capsys.readouterr()
+    assert captured.out.startswith("Machine: TestCPU, 2 cores, 2 torch threads, torch x, device cpu. Mode: quick.")
+    assert "Date: D." in captured.out and "pruning    v: m" in captured.out and "2.00x" in captured.out
+    assert "add --markdown PATH" in captured.out
+    assert "FAILED benchmarks in that run:" in captured.err and "qat: RuntimeError: boom" in captured.err
+
+
+def test_cli_bench_from_json_misconfiguration(tmp_path, capsys):
+    path = _saved_run(tmp_path)
+    assert main(["bench", "--from-json", str(path), "--quick", "--only", "pruning"]) == 2
+    assert "`--from-json` runs nothing, so --quick, --only would do nothing" in capsys.readouterr().err
+    rows = tmp_path / "rows.json"  # what the evidence harness reads (a list of rows), not a bench run
+    rows.write_text("[]")
+    assert main(["bench", "--from-json", str(rows)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a file `lightning-speedups bench --json` wrote" in err and "python -m benchmarks.evidence" in err
+    assert main(["bench", "--from-json", str(tmp_path)]) == 2  # a folder of results: what the evidence page reads
+    assert "HINT: the project's evidence page" in capsys.readouterr().err
+
+
+def test_cli_bench_names_where_the_workload_suite_went(capsys):
+    assert main(["bench", "--quick", "--only", "workloads"]) == 2
+    err = capsys.readouterr().err
+    assert "`technique`='workloads' is not registered." in err and "python -m benchmarks.workloads_bench" in err
 
 
 def test_cli_bench_unknown_technique(capsys):

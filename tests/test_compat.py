@@ -11,6 +11,7 @@ import inspect
 import math
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -404,3 +405,24 @@ def test_retarget_scheduler_follows_split_groups() -> None:
                     "retarget_scheduler",
                     f"{name} no longer keeps its per-group lists where this function looks: {got} vs {want}",
                 )
+
+
+def test_compat_all_names_every_public_function() -> None:
+    """``_compat.__all__`` lists every public function and class ``_compat.py`` defines, and the torch-pruning
+    overrides (``check_pruning_group``, ...) are touched nowhere else in the package."""
+    defined = {
+        name
+        for name, obj in vars(_compat).items()
+        if not name.startswith("_")
+        and (inspect.isfunction(obj) or inspect.isclass(obj))
+        and obj.__module__ == _compat.__name__
+    }
+    assert sorted(defined - set(_compat.__all__)) == [], "defined in _compat.py but missing from its __all__"
+    assert sorted(set(_compat.__all__) - defined) == [], "in _compat.__all__ but not defined there"
+    package = Path(_compat.__file__).parent
+    outside = [
+        str(p.relative_to(package))
+        for p in sorted(package.rglob("*.py"))
+        if p.name != "_compat.py" and "check_pruning_group" in p.read_text()
+    ]
+    assert not outside, f"torch-pruning's check_pruning_group is overridden outside _compat.py: {outside}"

@@ -1,7 +1,7 @@
 """Evidence lives out of the code: no dates in the package's docstrings, comments or messages; the README stays short;
-``docs/evidence.md`` is what ``lightning-speedups bench --from-json docs/_data --markdown`` writes; the package keeps
-its shape (no import circles, no imports up the layers: ``tools/arch_check.py``); and ``ruff format`` decides the
-layout of every Python file (no ``# fmt: skip``)."""
+``docs/evidence.md`` is what ``python -m benchmarks.evidence --from-json docs/_data --markdown`` writes; the package
+keeps its shape (no import circles, no imports up the layers: ``tools/arch_check.py``); and ``ruff format`` decides
+the layout of every Python file (no ``# fmt: skip``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_speedups.benchmarks.evidence import EVIDENCE_SECTIONS, format_evidence
-from lightning_speedups.cli import main
+from benchmarks.evidence import EVIDENCE_SECTIONS, format_evidence, main
 from tools import arch_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,10 +82,10 @@ def test_readme_has_no_tracker_language() -> None:
 
 def test_evidence_page_is_generated_from_the_committed_json(tmp_path: Path) -> None:
     out = tmp_path / "evidence.md"
-    assert main(["bench", "--from-json", str(DATA), "--markdown", str(out)]) == 0
+    assert main(["--from-json", str(DATA), "--markdown", str(out)]) == 0
     committed = (ROOT / "docs" / "evidence.md").read_text(encoding="utf-8")
     assert out.read_text(encoding="utf-8") == committed, (
-        "docs/evidence.md is stale: lightning-speedups bench --from-json docs/_data --markdown docs/evidence.md"
+        "docs/evidence.md is stale: python -m benchmarks.evidence --from-json docs/_data --markdown docs/evidence.md"
     )
 
 
@@ -109,13 +108,13 @@ def test_evidence_page_has_the_sections_docstrings_cite() -> None:
         assert table.startswith("Machine: ") and " Date: " in table, table
 
 
-def test_evidence_from_json_prints_without_markdown(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_evidence_prints_without_markdown(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(
         '{"machine": {"cpu": "TestCPU", "cpu_count": 2, "torch_threads": 2, "torch": "x", "device": "cpu"},'
         ' "date": "D", "quick": true, "errors": {}, "rows": [{"technique": "pruning", "variant": "v", "metric": "m",'
         ' "baseline": 2.0, "candidate": 1.0, "ratio": 2.0}]}'
     )
-    assert main(["bench", "--from-json", str(tmp_path)]) == 0
+    assert main(["--from-json", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Evidence") and "Machine: TestCPU (2 cores" in out and "Date: D." in out
     assert "| v | m | 2.00x |" in out.split("## Pruning")[1]

@@ -9,7 +9,14 @@ import torch
 from torch import nn
 
 from lightning_speedups._heads import CONV_LINEAR, is_conv_or_linear
-from lightning_speedups._inputs import call_model, eval_mode, example_from_batch, forward_error, train_mode
+from lightning_speedups._inputs import (
+    call_model,
+    eval_mode,
+    example_from_batch,
+    failing_module,
+    forward_error,
+    train_mode,
+)
 
 
 class _Args(nn.Module):
@@ -65,3 +72,40 @@ def test_conv_linear_is_the_one_layer_definition():
     assert set(CONV_LINEAR) == {nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear}
     assert is_conv_or_linear(nn.Conv3d(1, 1, 1)) and is_conv_or_linear(nn.Linear(1, 1))
     assert not is_conv_or_linear(nn.ConvTranspose2d(1, 1, 1)) and not is_conv_or_linear(nn.LayerNorm(2))
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(3, 4)
+        self.blocks = nn.Sequential(nn.Sequential(nn.ReLU(), nn.Linear(5, 2)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[0].forward(self.stem(x))  # forward called directly: no module hook would see it
+
+
+def _raised(fn: object, *args: object) -> BaseException:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except Exception as err:  # noqa: BLE001
+        return err
+    raise AssertionError("no error")
+
+
+def test_failing_module_names_the_innermost_module_that_raised():
+    model = _Blocks()
+    assert failing_module(model, _raised(model, torch.zeros(1, 3))) == "blocks.0.1"
+    assert failing_module(model, _raised(call_model, model, (torch.zeros(1, 3), 1))) == ""  # the model itself
+    assert failing_module(model, _raised(int, "x")) is None  # no frame ran in the model
+    # frames that are not a module's own name modules through `frame_modules` (several: their common parent)
+    stem, head = model.stem, model.blocks[0][1]
+
+    def library(layers: list[nn.Module]) -> None:
+        raise ValueError(len(layers))
+
+    def named(frame, names):  # type: ignore[no-untyped-def]
+        return [m for m in frame.f_locals.get("layers", []) if id(m) in names]
+
+    assert failing_module(model, _raised(library, [head]), named) == "blocks.0.1"
+    assert failing_module(model, _raised(library, [stem, head]), named) == ""
+    assert failing_module(model, _raised(library, [model.blocks[0][0], head]), named) == "blocks.0"

@@ -84,15 +84,3 @@ def test_notebooks_are_numbered_and_unique() -> None:
     numbers = [n[:2] for n in names if n not in bad]
     dupes = sorted({x for x in numbers if numbers.count(x) > 1})
     assert not bad and not dupes, f"notebooks must be NN_name.ipynb with unique NN: bad names {bad}, repeated {dupes}"
-
-
-@pytest.mark.parametrize("name", list_techniques())
-def test_mission_tip_format(name: str) -> None:
-    """``mission_tip`` holds the tip numbers only, ascending, ``", "``-separated ("4", "3, 6"); words go in summary."""
-    tip = get_technique(name).mission_tip
-    ok = re.fullmatch(r"[1-9](, [1-9])*", tip) is not None
-    numbers = [int(t) for t in tip.split(", ")] if ok else []
-    assert ok and numbers == sorted(set(numbers)), (
-        f"technique {name!r}: mission_tip={tip!r}; expected the tip numbers only, ascending and separated by ', ' "
-        "(e.g. '4' or '3, 6'), with the words in `summary`"
-    )

@@ -240,12 +240,12 @@ def _release_training_state(model: Any) -> None:
 def run_cell(arch: str, tech: str) -> dict[str, Any]:
     """Run one cell of a registered row; return its record (outcome, message, error, where, checks)."""
     from tests.zoo.cells import ANY_OUTCOME, Cell, cleanup, fit_cell, reload_check, resume_check
-    from tests.zoo.techniques import missing_needs
+    from tests.zoo.techniques import missing_modules
 
     cell = Cell(arch, tech)
     if tech == "quantize_for_inference":
         return _quantize(arch)
-    missing = missing_needs(cell.technique)
+    missing = missing_modules(cell.technique)
     if missing:
         return {"outcome": "skipped", "message": f"needs {missing}"}
     root = Path(tempfile.mkdtemp(prefix=f"sweep-{arch}-{tech}-", dir=os.environ.get(SCRATCH_ENV)))

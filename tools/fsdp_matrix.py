@@ -45,10 +45,10 @@ def run_cell(arch: str, tech: str) -> dict[str, str | float]:
 
     from tests.fsdp_cpu import CPUFSDPStrategy
     from tests.zoo.models import build
-    from tests.zoo.techniques import TECHNIQUES, missing_needs
+    from tests.zoo.techniques import TECHNIQUES, missing_modules
 
     technique = TECHNIQUES[tech]
-    missing = missing_needs(technique)
+    missing = missing_modules(technique)
     if missing:
         return {"outcome": "skipped", "message": f"needs {missing}"}
     L.seed_everything(0, verbose=False)

@@ -233,7 +233,7 @@ def _xref(obj: Any) -> str:
 
 
 def write_technique_info() -> None:
-    from lightning_speedups._registry import get_technique, list_techniques
+    from lightning_speedups._registry import WAYS, get_technique, is_hardware_requirement, list_techniques
 
     public = {id(obj) for _, _, obj in public_names()}
     for name in list_techniques():
@@ -243,8 +243,14 @@ def write_technique_info() -> None:
             ("summary", info.summary.replace("|", "/")),
             ("callback", _xref(info.callback)),
             ("functional", _xref(info.functional)),
-            ("mission tip", info.mission_tip or "-"),
-            ("requires", ", ".join(f"`{r}`" for r in info.requires) or "nothing extra: runs anywhere"),
+            ("ways", "; ".join(f"{n}. {WAYS[n]}" for n in info.ways)),
+            (
+                "requires",
+                ", ".join(
+                    f"`{r}` ({'hardware' if is_hardware_requirement(r) else 'python module'})" for r in info.requires
+                )
+                or "nothing extra: runs anywhere",
+            ),
             ("benchmark", f"`{info.bench}`" if info.bench else "none in `lightning-speedups bench`"),
         ]
         text = "| registry field | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)

@@ -43,8 +43,10 @@ Example::
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import torch
@@ -74,58 +76,19 @@ class Evidence:
     helps: bool = True
 
 
+def _load_evidence() -> tuple[Evidence, ...]:
+    """The rows of ``evidence.json``, shipped with the package and written from the committed results in
+    ``docs/_data`` by ``python -m benchmarks.autotune_evidence`` (in a clone): the plain run against autotune's first
+    run on the workload suite, and transcribed runs the evidence notes state."""
+    rows = json.loads(resources.files(__package__).joinpath("evidence.json").read_text())
+    return tuple(Evidence(**{key: value for key, value in row.items() if key != "source"}) for row in rows)
+
+
 # The bench's end-to-end results (benchmarks/autotune_methods.py, `lightning-speedups bench --only recipes` and the
 # workload suite), the data the plan's notes quote as the bench's; docs/evidence.md, sections "autotune" and
 # "Workloads", tell how each was run. A row where the method helps a new kind adds that kind to the method's default
 # plan; a row where it hurts takes the kind out.
-EVIDENCE: tuple[Evidence, ...] = (
-    Evidence("ema", "conv", "digits", "half epochs to 95% (plain baseline, seeds 0-3)", "[6, 6, 7, 5]", "[3, 4, 3, 3]"),
-    Evidence("ema", "conv", "shapes", "half epochs to 90% (plain baseline, seeds 0-2)", "[3, 5, 4]", "[2, 2, 2]"),
-    Evidence("schedule", "conv", "digits", "median quarter epochs to the target (with the EMA, 10 seeds)", "7", "6"),
-    Evidence(
-        "schedule",
-        "conv",
-        "shapes",
-        "median quarter epochs to the target (with the EMA, data on the device, "
-        "10 seeds; no change with the shapes DataLoader)",
-        "4",
-        "3",
-    ),
-    # held out: it judged the EMA's row below (the schedule was its plan's one change) and changed nothing
-    Evidence(
-        "schedule",
-        "conv",
-        "denoise_dncnn",
-        "median seconds to val_psnr 27.3 (3 seeds; autotune's first run, "
-        "where the schedule was the one change kept, against the plain run)",
-        "42.2",
-        "38.3",
-        "held_out",
-    ),
-    # segment_unet was held out when it showed this, and is a dev task since: the rule changed because of it
-    Evidence(
-        "ema",
-        "conv",
-        "segment_unet",
-        "median seconds to val_miou 0.50 (3 seeds; autotune's first run, where the "
-        "EMA was the one change kept, against the plain run)",
-        "62.1",
-        "76.7",
-        helps=False,
-    ),
-    # resnet18_cifar was held out when it showed this (judging the row above), and is a dev task since
-    Evidence(
-        "schedule",
-        "conv",
-        "resnet18_cifar",
-        "median seconds to val_acc 0.70 (3 seeds, fp32; autotune's first "
-        "run, where the schedule and channels_last were kept, against the plain run: its steps 1.01-1.17x faster, "
-        "the target one validation later in 3 of 3 seeds)",
-        "99.1",
-        "122.3",
-        helps=False,
-    ),
-)
+EVIDENCE: tuple[Evidence, ...] = _load_evidence()
 
 _ATTENTION_LAYERS = (
     nn.MultiheadAttention,

@@ -4,6 +4,7 @@ built from the settings the trials kept, freshly measured or read back from the 
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,9 @@ from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.optim import SpeedupMixin, scale_lr
 from lightning_speedups.optim.lr_scaling import auto_lr_rule_for_name
 
-__all__ = ["RunShape", "TunePlan", "build_plan"]
+__all__ = ["WIDTH", "RunShape", "TunePlan", "build_plan"]
+
+WIDTH = 120  # the columns of every line autotune logs (TunePlan.to_text, and explain by default)
 
 
 @dataclass
@@ -30,7 +33,8 @@ class TunePlan:
     optimizer kernel on the model and datamodule. When the data trial kept device-resident data, fit with
     ``plan.datamodule`` (or ``plan.train_dataloaders``) instead of the original; when the data is a plain
     ``DataLoader`` and the plan enlarged the batch, :meth:`apply` sets ``plan.train_dataloaders`` to a rebuilt loader
-    at the planned size: fit with ``plan.datamodule or plan.train_dataloaders or data``.
+    at the planned size: fit with ``plan.datamodule or plan.train_dataloaders or data``. :meth:`to_text` is the short
+    form autotune logs (one line per choice); :meth:`explain` gives the reasons and every note.
     """
 
     settings: dict[str, Any]
@@ -163,16 +167,119 @@ class TunePlan:
         return old
 
     def to_text(self) -> str:
-        lines = [f"autotune plan ({'cached' if self.from_cache else f'{self.trial_s:.1f}s of trials'}):"]
+        """The plan in short, as autotune logs it: a header, one line per choice (its name, what was chosen, the
+        measured speedup with its interval and rounds, and what it costs or ``kept``), then one line that counts the
+        notes and points to :meth:`explain`, which gives the reasons. Every line fits in 120 columns.
+
+        Example::
+
+            >>> plan = TunePlan({}, [Choice("channels_last", False, trials=3, note="within noise")], notes=["a note"])
+            >>> print(plan.to_text())
+            autotune plan (0.0s of trials): 1 choice, estimated 1.00x per step
+              channels_last  False           1.00x [1.00, 1.00]  3 rounds  kept
+              1 note: plan.explain() shows it and the reason for each choice
+        """
+        count = f"{len(self.choices)} choice{'' if len(self.choices) == 1 else 's'}"
+        lines = [_fit(f"autotune plan ({self._source()}): {count}, estimated {self.gain:.2f}x per step")]
         for c in self.choices:
-            chosen = f"x{c.chosen}" if c.name == "batch_size" else str(c.chosen)  # a multiple of the user's batch
             lines.append(
-                f"  {c.name:<14} {chosen:<12} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
-                f"{c.trials} rounds  {c.note}"
+                _fit(
+                    f"  {c.name:<14} {_shown(c):<14} {c.gain:5.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] "
+                    f"{_rounds(c.trials):>9}  {self._outcome(c)}"
+                )
             )
-        lines += [f"  note: {n}" for n in self.notes]
-        lines += [f"  race: {cb.note}" for cb in self.callbacks if type(cb).__name__ == "OptimizerRace" and cb.note]
+        notes = len(self.notes) + len(self._fit_notes())
+        if notes:
+            them = "it" if notes == 1 else "them"
+            lines.append(
+                f"  {notes} note{'' if notes == 1 else 's'}: plan.explain() shows {them} and the reason for each choice"
+            )
+        elif any(c.note for c in self.choices):
+            lines.append("  plan.explain() shows the reason for each choice")
         return "\n".join(lines)
+
+    def explain(self, width: int | None = WIDTH) -> str:
+        """The reasons behind the plan: per choice its measurement and note, every note of the plan (what was not
+        tried or not applied, and why), and the decisions the fit's own trials made (the optimizer race's, the in-fit
+        precision trial's) once a fit with the plan has run. Each entry is wrapped to ``width`` columns with a hanging
+        indent; ``width=None`` keeps one line per entry (to search or store them). ``autotune(..., verbose=True)``
+        logs it after :meth:`to_text`.
+
+        Example::
+
+            >>> plan = TunePlan({}, [Choice("channels_last", False, trials=3, note="within noise")], notes=["a note"])
+            >>> print(plan.explain())
+              channels_last = False: 1.00x [1.00, 1.00] in 3 rounds; within noise
+              note: a note
+        """
+        entries: list[str] = []
+        for c in self.choices:
+            measured = f"{c.gain:.2f}x [{c.interval[0]:.2f}, {c.interval[1]:.2f}] in {_rounds(c.trials)}"
+            entries.append(f"{c.name} = {_shown(c)}: {measured}" + (f"; {c.note}" if c.note else ""))
+        entries += [f"note: {n}" for n in self.notes]
+        entries += self._fit_notes()
+        if width is None:
+            return "\n".join(f"  {e}" for e in entries)
+        return "\n".join(
+            textwrap.fill(
+                e,
+                width,
+                initial_indent="  ",
+                subsequent_indent="      ",  # a hanging indent: an entry's first line stands out
+                break_long_words=False,  # a path or a name stays whole, even past the width
+                break_on_hyphens=False,  # `bf16-mixed` is one word
+            )
+            for e in entries
+        )
+
+    def _source(self) -> str:
+        return "cached" if self.from_cache else f"{self.trial_s:.1f}s of trials"
+
+    def _outcome(self, choice: Choice) -> str:
+        """What a choice does to the run, in a few words: decided in the fit (and what it kept, once it has), its
+        per-step cost (a method below 1x), ``changed`` or ``kept``."""
+        if choice.name == "precision" and choice.chosen == IN_FIT:
+            trial = self._callback("PrecisionTrial")
+            kept = getattr(trial, "kept", None)
+            return f"the fit kept {kept}" if kept else "timed on the fit's first steps"
+        race = self._callback("OptimizerRace") if choice.name == "optimization" else None
+        if race is not None:
+            winner = getattr(race, "winner", None)
+            return f"the race kept {winner}" if winner else "raced on the fit's first steps"
+        if not choice.changed:
+            return "kept"
+        if choice.gain < 1.0:  # a method that only costs per step (the EMA's update): its gain is in the epochs
+            return f"changed, costs {1.0 / choice.gain - 1.0:.1%} per step"
+        return "changed"
+
+    def _callback(self, name: str) -> Any:
+        """The plan's callback of class ``name`` (by name: importing it here would load what the plan may not use)."""
+        return next((cb for cb in self.callbacks if type(cb).__name__ == name), None)
+
+    def _fit_notes(self) -> list[str]:
+        """What the fit's own trials decided, once a fit with the plan has run: the race's decision and its notes, the
+        in-fit precision trial's decision."""
+        notes: list[str] = []
+        for cb in self.callbacks:
+            if type(cb).__name__ == "OptimizerRace":
+                notes += [f"race: {n}" for n in [getattr(cb, "note", ""), *getattr(cb, "notes", [])] if n]
+            elif type(cb).__name__ == "PrecisionTrial" and getattr(cb, "note", ""):
+                notes.append(f"PrecisionTrial: {cb.note}")
+        return notes
+
+
+def _rounds(count: int) -> str:
+    return f"{count} round{'' if count == 1 else 's'}"
+
+
+def _shown(choice: Choice) -> str:
+    """The chosen option as the plan prints it: the batch size as a multiple of the user's batch."""
+    return f"x{choice.chosen}" if choice.name == "batch_size" else str(choice.chosen)
+
+
+def _fit(line: str) -> str:
+    """``line`` cut to :data:`WIDTH` columns (only an unusually long option name needs it)."""
+    return line if len(line) <= WIDTH else line[: WIDTH - 3] + "..."
 
 
 class _SetUpOnce:

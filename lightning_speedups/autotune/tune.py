@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_speedups._errors import SpeedupConfigError, check_range
+from lightning_speedups._errors import SpeedupConfigError, check_bool, check_range
 from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups.autotune.budget import (
     BUDGET_SHARE,
@@ -63,6 +63,7 @@ def autotune(
     cache_dir: str | os.PathLike[str] | None = None,
     no_bf16: bool = False,
     clock: Any = time.perf_counter,
+    verbose: bool = False,
     **trainer_kwargs: Any,
 ) -> TunePlan:
     """Measure the candidates on copies of ``model`` and return a :class:`TunePlan` (``model`` is not changed).
@@ -113,13 +114,17 @@ def autotune(
             comparison on such a run), bf16 is timed on the fit's own first steps: the plan holds a
             :class:`~lightning_speedups.callbacks.precision_trial.PrecisionTrial` and keeps ``precision="32-true"``.
         clock: seconds as a float (tests inject a fake one).
+        verbose: also log :meth:`TunePlan.explain` (each choice's reason and every note, wrapped to 120 columns).
+            Either way autotune logs :meth:`TunePlan.to_text`: a header, one line per choice and the number of notes.
         **trainer_kwargs: the Trainer arguments of the planned run (``max_epochs``/``max_steps`` size it); returned
             in the plan with the chosen precision.
 
     Raises:
-        SpeedupConfigError: an unknown candidate or method, ``budget_s`` <= 0, ``margin`` < 0, no training data.
+        SpeedupConfigError: an unknown candidate or method, ``budget_s`` <= 0, ``margin`` < 0, ``verbose`` not a
+            bool, no training data.
     """
     names = _check_arguments(candidates, budget_s, margin)
+    check_bool("verbose", verbose)
     check_methods(methods)  # an unknown method raises before the data is read
     run = _read_run(model, datamodule_or_loaders, trainer_kwargs, clock)
     kind = model_kind(model, run.batch)  # one forward only where a user forward's source cannot be read
@@ -158,6 +163,7 @@ def autotune(
         cached.set_up = run.datamodule
         cached.setup_s = run.setup_s
         _record_in_fit(cached, store, key)
+        _log(cached, verbose)
         return cached
     start = clock()
     step_s, budget = _size_budget(ctx, budget_s, start)
@@ -173,8 +179,16 @@ def autotune(
     plan.setup_s = run.setup_s
     _store(store, key, plan, choices, ctx.notes, budget, skipped)
     _record_in_fit(plan, store, key)
-    rank_zero_info(plan.to_text())
+    _log(plan, verbose)
     return plan
+
+
+def _log(plan: TunePlan, verbose: bool) -> None:
+    """Log the plan in short (one line per choice), and its reasons too when ``verbose``."""
+    rank_zero_info(plan.to_text())
+    reasons = plan.explain() if verbose else ""
+    if reasons:
+        rank_zero_info(reasons)
 
 
 @dataclass(frozen=True)

@@ -6,75 +6,29 @@ The timing helpers live in :mod:`lightning_speedups.measure` (re-exported here f
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 
-from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.measure import interleaved_timings, machine_info, make_train_step, median, speed_ratio
 
 __all__ = [
     "BenchRow",
     "TimeToTarget",
     "TrainClock",
-    "comma_list",
     "interleaved_timings",
     "machine_info",
     "make_train_step",
     "median",
     "quiet_lightning",
-    "read_rows",
     "speed_ratio",
-    "write_rows",
 ]
-
-
-def comma_list(value: str | None) -> list[str] | None:
-    """A command line's comma-separated names, blanks dropped; ``None`` when none were given.
-
-    Example::
-
-        >>> comma_list("gpt_stdlib, vit_shapes,"), comma_list(None)
-        (['gpt_stdlib', 'vit_shapes'], None)
-    """
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
-
-
-def write_rows(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
-    """Write ``rows`` as JSON to a temporary file and move it over ``path``: a bench killed midway never leaves half
-    a file, and what it measured so far stays."""
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(rows, f, indent=1, default=str)
-    os.replace(tmp, path)
-
-
-def read_rows(path: str | os.PathLike[str], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """The rows a bench wrote to ``path`` (none when it does not exist); each must hold ``keys``.
-
-    Raises:
-        SpeedupConfigError: the file holds something else (it is not overwritten).
-    """
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        rows = json.load(f)
-    if not isinstance(rows, list) or any(not isinstance(r, dict) or not set(keys) <= set(r) for r in rows):
-        raise SpeedupConfigError(
-            f"`json_path`={os.fspath(path)!r} does not hold a list of rows with the keys {list(keys)}. Allowed values: "
-            "a new path or a file this bench wrote."
-        )
-    return rows
 
 
 # what the bench's own runs would print between its rows: Lightning's banners ("GPU available", the litlogger tip,

@@ -8,8 +8,9 @@
 - :func:`classifier_strategies`, :func:`lm_strategies`: the ways to batch them, each a function from the epoch to
   that epoch's batches of indices, and a ``collate_fn``.
 - :func:`lm_documents`: the same paragraphs, long ones cut into pieces of at most ``block_size``.
-- :class:`ByteGPT`: a causal byte-level GPT on SDPA; positions come from ``position_ids``, so packed rows (positions
-  restarting at every document) and padded rows run through the same code.
+- :class:`ByteGPT`: a causal byte-level GPT of :class:`CausalBlock` s on SDPA; positions come from ``position_ids``,
+  so packed rows (positions restarting at every document) and padded rows run through the same code. The workload
+  suite's GPT (``benchmarks/workloads/text_lm.py``) and text tasks reuse the block and :func:`paragraphs`.
 
 Everything is deterministic for one Python install: files are read in sorted path order.
 """
@@ -30,8 +31,6 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from lightning_speedups._tokens import count_tokens
-from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs
-from lightning_speedups.benchmarks.workloads.text_lm import CausalBlock
 from lightning_speedups.data import (
     LengthGroupedSampler,
     PackedBatchSampler,
@@ -45,6 +44,7 @@ __all__ = [
     "KINDS",
     "PACKAGES",
     "ByteGPT",
+    "CausalBlock",
     "SnippetClassifier",
     "SnippetTask",
     "Snippets",
@@ -56,6 +56,7 @@ __all__ = [
     "lm_strategies",
     "packed_pad_fraction",
     "paragraph_kind",
+    "paragraphs",
     "real_tokens",
     "snippet_task",
     "token_budget",
@@ -126,6 +127,22 @@ class SnippetTask:
 def _files() -> list[pathlib.Path]:
     root = _stdlib()
     return sorted(root.glob("*.py")) + [f for package in PACKAGES for f in _package_files(package)]
+
+
+def paragraphs(data: bytes, min_len: int, max_len: int | None) -> list[bytes]:
+    r"""The blank-line separated paragraphs of ``data`` with at least ``min_len`` non-blank bytes, cut at ``max_len``.
+
+    Example::
+
+        >>> paragraphs(b"def f():\n    pass\n\n)\n\nclass A:\n    x = 1\n", min_len=4, max_len=8)
+        [b'def f():', b'class A:']
+    """
+    out = []
+    for para in data.split(b"\n\n"):
+        para = para.strip(b"\n")
+        if len(para.strip()) >= min_len:
+            out.append(para[:max_len])
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -320,6 +337,28 @@ class SnippetClassifier(nn.Module):
         h = self.encoder(self.tok(input_ids) + self.pos(pos), src_key_padding_mask=~keep)
         w = keep.unsqueeze(-1).to(h.dtype)
         return self.head(self.norm((h * w).sum(1) / w.sum(1).clamp(min=1.0)))
+
+
+class CausalBlock(nn.Module):
+    """Pre-norm transformer block with causal ``scaled_dot_product_attention`` (nanoGPT's layout)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.ln2 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        # no mask: plain causal; a packed row: the block-diagonal causal mask (packed_attention_mask)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
 
 
 class ByteGPT(nn.Module):

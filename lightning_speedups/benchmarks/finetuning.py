@@ -1,4 +1,4 @@
-"""Benchmark: fine-tuning with a frozen backbone (mission tip 5).
+"""Benchmark: fine-tuning with a frozen backbone (way 5: pretrained models and fine-tuning).
 
 1. Train-step time of a torchvision ResNet-18 (``weights=None``: same shapes and cost as the pretrained one, no
    download) with the backbone frozen (head only) vs the whole network trained, interleaved.

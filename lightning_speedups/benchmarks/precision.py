@@ -1,4 +1,4 @@
-"""Benchmark: bf16 autocast vs fp32 train step on the demo conv net (mission tip 9: precision on this hardware)."""
+"""Benchmark: bf16 autocast vs fp32 train step on the demo conv net (way 9: precision on this hardware)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib
 import importlib.util
 import inspect
 import json
@@ -23,11 +22,12 @@ from lightning_speedups.measure import machine_info
 
 __all__ = [
     "END_TO_END",
-    "SUITES",
+    "MOVED_OUT",
     "TABLE_WIDTH",
     "BenchFailure",
     "format_markdown",
     "format_table",
+    "read_json",
     "run_benchmarks",
     "split_rows",
     "write_json",
@@ -47,30 +47,27 @@ class BenchFailure(RuntimeError):
     """A technique's benchmark raised; the other techniques still ran."""
 
 
-# benchmarks that are not one technique's: run only when named in ``--only`` (the workload suite trains seven tasks
-# with every method over three seeds, hours in full mode), so they are not registered techniques (no callback,
-# notebook or docs page of their own)
-SUITES: dict[str, str] = {"workloads": "lightning_speedups.benchmarks.workloads_bench:run"}
+# names the bench ran before the project's evidence harness left the package (it is not installed): where they run now
+MOVED_OUT: dict[str, str] = {
+    "workloads": "the workload suite runs from a clone of the repository: `python -m benchmarks.workloads_bench`",
+}
 
 
 def _select(only: Sequence[str] | None, skip: Sequence[str] | None) -> list[str]:
     names = [n for n in list_techniques() if get_technique(n).bench is not None]
     for given in [*(only or []), *(skip or [])]:
-        if given not in list_techniques() and given not in SUITES:
+        if given not in list_techniques():
+            hint = f" HINT: {MOVED_OUT[given]}." if given in MOVED_OUT else ""
             raise SpeedupConfigError(
-                f"`technique`={given!r} is not registered. Allowed values: {', '.join(map(repr, [*names, *SUITES]))}."
+                f"`technique`={given!r} is not registered. Allowed values: {', '.join(map(repr, names))}.{hint}"
             )
     if only:
         names = [n for n in names if n in only]
     names = sorted(names, key=lambda n: n != "recipes")  # the end-to-end results first
-    names = [n for n in names if n not in (skip or [])]
-    return names + [n for n in SUITES if n in (only or []) and n not in (skip or [])]
+    return [n for n in names if n not in (skip or [])]
 
 
 def _load_bench(name: str) -> Callable[..., Any]:
-    if name in SUITES:
-        module, func = SUITES[name].split(":")
-        return getattr(importlib.import_module(module), func)
     bench = get_technique(name).load_bench()
     assert bench is not None  # _select keeps only techniques with a bench
     return bench
@@ -302,6 +299,36 @@ def write_json(path: str | Path, rows: Sequence[BenchRow], errors: dict[str, str
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2, default=str))
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """What :func:`write_json` wrote, its rows as :class:`BenchRow` s again (``machine``, ``date``, ``quick``,
+    ``rows``, ``errors``), so a run's tables can be printed again without running anything.
+
+    Raises:
+        SpeedupConfigError: ``path`` is not a file that ``lightning-speedups bench --json`` wrote (a folder, another
+            JSON, no JSON at all).
+
+    Example::
+
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "bench.json"
+        >>> write_json(path, [BenchRow("optim", "fused Adam", "step time", 2.0, 1.0, 2.0)], {}, quick=True)
+        >>> read_json(path)["rows"][0].ratio
+        2.0
+    """
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # a folder, a missing file, not JSON
+        payload = None
+    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), list) or "machine" not in payload:
+        raise SpeedupConfigError(
+            f"`from_json`={str(path)!r} is not a file `lightning-speedups bench --json` wrote (a JSON dict with "
+            "`machine` and `rows`). HINT: the project's evidence page (a folder of results) is made from a clone of "
+            "the repository: `python -m benchmarks.evidence --from-json docs/_data`."
+        )
+    rows = [BenchRow(**{k: v for k, v in r.items() if k != "accuracy_delta"}) for r in payload["rows"]]
+    return {**payload, "rows": rows, "errors": payload.get("errors", {})}
 
 
 def write_plots(directory: str | Path, rows: Sequence[BenchRow]) -> list[Path]:

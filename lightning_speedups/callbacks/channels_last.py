@@ -145,8 +145,7 @@ register_technique(
         callback=ChannelsLast,
         functional=apply_channels_last,
         summary="channels_last (NHWC) weights and input batches for conv nets",
-        mission_tip="8",
+        ways=(8,),
         bench="lightning_speedups.benchmarks.code:run_channels_last",
-        example_kwargs={},
     )
 )

@@ -180,7 +180,6 @@ register_technique(
         callback=ChannelsLastTrial,
         functional=None,
         summary="channels_last timed against NCHW on the fit's own first steps; the faster kept for the rest",
-        mission_tip="8",
-        example_kwargs={},
+        ways=(8,),
     )
 )

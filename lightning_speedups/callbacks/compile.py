@@ -184,8 +184,7 @@ register_technique(
         callback=TorchCompile,
         functional=compile_model,
         summary="torch.compile the network in place (checkpoints stay loadable into plain models)",
-        mission_tip="8",
+        ways=(8,),
         bench="lightning_speedups.benchmarks.code:run_compile",
-        example_kwargs={"backend": "eager"},
     )
 )

@@ -178,8 +178,7 @@ register_technique(
         callback=EMA,
         functional=create_ema_model,
         summary="exponential moving average of the weights (Lightning's EMAWeightAveraging, warm-up decay)",
-        mission_tip="3, 6",
+        ways=(3, 6),
         bench="lightning_speedups.benchmarks.time_to_accuracy:run_ema",
-        example_kwargs={"decay": 0.99},
     )
 )

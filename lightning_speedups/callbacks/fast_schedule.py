@@ -201,8 +201,7 @@ register_technique(
         callback=FastSchedule,
         functional=create_fast_schedule,
         summary="LR schedule for time to target: short warm-up, higher (batch-scaled) peak, linear decay",
-        mission_tip="3",
+        ways=(3,),
         bench="lightning_speedups.benchmarks.time_to_accuracy:run_fast_schedule",
-        example_kwargs={"peak_factor": 3.0},
     )
 )

@@ -399,8 +399,7 @@ register_technique(
         callback=FineTuneFreezing,
         functional=freeze,
         summary="Freeze a pretrained backbone, train the head, then unfreeze gradually with discriminative LRs.",
-        mission_tip="5",
+        ways=(5,),
         bench="lightning_speedups.benchmarks.finetuning:run",
-        example_kwargs={"unfreeze_at_epoch": 1},
     )
 )

@@ -114,8 +114,7 @@ register_technique(
         callback=LabelSmoothing,
         functional=apply_label_smoothing,
         summary="label smoothing of the training loss (CrossEntropyLoss submodules or a `label_smoothing` attribute)",
-        mission_tip="3, 6",
+        ways=(3, 6),
         bench="lightning_speedups.benchmarks.time_to_accuracy:run_label_smoothing",
-        example_kwargs={"smoothing": 0.1},
     )
 )

@@ -149,8 +149,7 @@ register_technique(
         callback=LRFinder,
         functional=suggest_lr,
         summary="LR range test (Lightning's) with steep / valley / minimum / slide rules, written into the config",
-        mission_tip="3",
+        ways=(3,),
         bench=None,
-        example_kwargs={"num_training_steps": 8, "max_lr": 0.1},
     )
 )

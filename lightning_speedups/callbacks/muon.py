@@ -105,7 +105,6 @@ register_technique(
         callback=Muon,
         functional=muon_from_optimizer,
         summary="Muon for the hidden matrices, AdamW for embeddings, head and vectors, around the module's optimizer",
-        mission_tip="2",
-        example_kwargs={"lr": 1e-3, "conv": "muon"},
+        ways=(2,),
     )
 )

@@ -610,14 +610,6 @@ register_technique(
         callback=OptimizerRace,
         functional=plan_race,
         summary="race the module's optimizer against a 3x lr, Muon and schedule-free AdamW; the winner trains on",
-        mission_tip="2",
-        # a race that fits a fit of a few steps: two arms, no cool-down, one scored batch
-        example_kwargs={
-            "arms": ["own", "own_lr_x3"],
-            "max_cost": 1.0,
-            "min_steps": 2,
-            "cooldown_fraction": 0.0,
-            "eval_batches": 1,
-        },
+        ways=(2,),
     )
 )

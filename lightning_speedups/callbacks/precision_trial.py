@@ -182,7 +182,6 @@ register_technique(
         callback=PrecisionTrial,
         functional=None,
         summary="bf16 autocast timed against fp32 on the fit's own first steps; the faster kept for the rest",
-        mission_tip="9",
-        example_kwargs={},
+        ways=(9,),
     )
 )

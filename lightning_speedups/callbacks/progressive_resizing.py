@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -21,6 +20,7 @@ from lightning_speedups._inputs import (
     call_model,
     candidate_inputs,
     example_from_batch,
+    failing_module,
     first_batch,
     flat_tensors,
     head_samples,
@@ -49,35 +49,18 @@ def _at_least_two(batch: Any) -> Any:
 def _train_forward_error(model: nn.Module, inputs: Any) -> tuple[str, str] | None:
     """Why one forward fails the way a training step runs it (train mode, with gradients), or ``None`` if it runs.
 
-    Returns ``("Type: message", "`name` (Type)")``, the second naming the innermost module that raised. The model
-    is left as it was: train/eval flags, buffers (BatchNorm running statistics) and the RNG state are restored.
+    Returns ``("Type: message", "`name` (Type)")``, the second naming the innermost module that raised
+    (:func:`~lightning_speedups._inputs.failing_module`). The model is left as it was: train/eval flags, buffers
+    (BatchNorm running statistics) and the RNG state are restored.
     """
-    stack: list[str] = []  # names of the modules entered and not yet left: the last one raised
-
-    def enter(name: str) -> Callable[..., None]:
-        def hook(*_: Any) -> None:
-            stack.append(name)
-
-        return hook
-
-    def leave(*_: Any) -> None:
-        stack.pop()
-
-    handles = []
-    for name, mod in model.named_modules():
-        handles.append(mod.register_forward_pre_hook(enter(name)))
-        handles.append(mod.register_forward_hook(leave))
     try:
         with train_mode(model), torch.enable_grad():  # dropout draws: the global RNG is kept
             call_model(model, inputs)
         return None
     except Exception as err:  # any failure of the user's forward
-        name = stack[-1] if stack else ""
+        name = failing_module(model, err)
         where = f"`{name}` ({type(model.get_submodule(name)).__name__})" if name else f"`{type(model).__name__}`"
         return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}", where
-    finally:
-        for h in handles:
-            h.remove()
 
 
 class ProgressiveResizing(Callback):
@@ -346,8 +329,7 @@ register_technique(
         callback=ProgressiveResizing,
         functional=resize_batch,
         summary="progressive resizing: low-resolution training batches early, full resolution at the end",
-        mission_tip="3, 6",
+        ways=(3, 6),
         bench="lightning_speedups.benchmarks.time_to_accuracy:run_progressive_resizing",
-        example_kwargs={"initial_scale": 0.5},
     )
 )

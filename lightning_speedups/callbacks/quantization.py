@@ -259,10 +259,8 @@ register_technique(
         functional=prepare_qat,
         summary="Quantization-aware training (torchao fake quant) + int8 inference export picked by measurement",
         requires=("torchao",),
-        mission_tip="4",
+        ways=(4,),
         bench="lightning_speedups.benchmarks.quantization:run",
-        example_kwargs={"start_epoch": 0},
-        needs=("torchao",),
     )
 )
 register_technique(
@@ -272,9 +270,7 @@ register_technique(
         functional=convert_to_float8,
         summary="float8 matmuls for large nn.Linear layers (torchao), CUDA compute capability >= 8.9",
         requires=("cuda>=8.9", "torchao"),
-        mission_tip="9",
+        ways=(9,),
         bench=None,
-        example_kwargs={"min_features": 16},
-        needs=("cuda_sm89",),
     )
 )

@@ -121,7 +121,6 @@ register_technique(
         functional=schedule_free_eval,
         summary="schedule-free AdamW / SGD: no LR schedule; train at y, evaluate and checkpoint the average x",
         requires=("schedulefree",),
-        mission_tip="2",
-        example_kwargs={"bn_batches": 2},
+        ways=(2,),
     )
 )

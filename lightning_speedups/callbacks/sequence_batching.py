@@ -391,9 +391,7 @@ register_technique(
         callback=SequenceBatching,
         functional=pad_collate,
         summary="Token sequences in batches of similar length (or packed), padded per batch: little compute on pads",
-        mission_tip="6, 7",
+        ways=(6, 7),
         bench="lightning_speedups.benchmarks.sequences:run",
-        example_kwargs={"strategy": "length_grouped"},
-        example_task="text",
     )
 )

@@ -1,4 +1,4 @@
-"""SpeedFlags callback: set TF32 and cuDNN autotuning at setup (code optimization, mission tip 8)."""
+"""SpeedFlags callback: set TF32 and cuDNN autotuning at setup (code optimization, way 8)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,6 @@ register_technique(
         callback=SpeedFlags,
         functional=enable_speed_flags,
         summary="TF32 matmuls + cuDNN autotuning on NVIDIA GPUs (a no-op with a reason elsewhere)",
-        requires=("cuda for any effect",),
-        mission_tip="8, 9",
-        example_kwargs={"verbose": False},
+        ways=(8, 9),
     )
 )

@@ -225,7 +225,6 @@ register_technique(
         functional=count_tokens,
         summary="Logs real (non-pad) tokens/s, padded tokens/s, the pad fraction and the MFU (6 x parameters x "
         "tokens against the device's peak, estimated on CPUs).",
-        mission_tip="6, 7",
-        example_kwargs={"window_size": 2},
+        ways=(6, 7),
     )
 )

@@ -1,4 +1,4 @@
-"""Data on the device: whole-batch loading, batched augmentation and exact dataset statistics (mission tips 6, 8).
+"""Data on the device: whole-batch loading, batched augmentation and exact dataset statistics (ways 6, 8).
 
 - :class:`DeviceDataLoader`: the dataset as tensors on the training device, whole batches sliced per step, seeded
   shuffling, DDP sharding, usable as the return value of ``train_dataloader()``.
@@ -6,7 +6,7 @@
 - :class:`BatchAugment`: per-sample random crop/flip + normalisation computed for the whole batch.
 - :func:`compute_mean_std`: exact per-channel mean/std for ``v2.Normalize``.
 
-For token sequences (mission tips 6, 7):
+For token sequences (ways 6, 7):
 
 - :class:`LengthGroupedSampler`, :class:`TokenBudgetBatchSampler`, :class:`PackedBatchSampler`: batch samplers that
   group similar lengths (resumable mid-epoch, DDP-aware).
@@ -71,7 +71,7 @@ register_technique(
         callback=None,
         functional=DeviceDataLoader,
         summary="Keep the dataset on the device, slice whole batches and augment them there (no per-sample loader).",
-        mission_tip="6, 8",
+        ways=(6, 8),
         bench="lightning_speedups.benchmarks.data:run",
     )
 )

@@ -1,5 +1,5 @@
 """Fine-tuning helpers on plain ``nn.Module``s: freeze / unfreeze, find the head, split the backbone into layer groups,
-swap the classifier head and load torchvision weights offline (mission tip 5).
+swap the classifier head and load torchvision weights offline (way 5).
 
 A frozen parameter (``requires_grad=False``) gets no gradient, so autograd skips the backward pass through every layer
 below the lowest trainable one and the optimizer skips its update: training only the head of a pretrained network costs

@@ -1,4 +1,4 @@
-"""Optimizer and LR-scheduler configuration (mission tips 2 and 3): configs, registries, mixin, LR finder rules."""
+"""Optimizer and LR-scheduler configuration (ways 2 and 3): configs, registries, mixin, LR finder rules."""
 
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups.optim.config import (
@@ -93,7 +93,7 @@ register_technique(
         callback=None,
         functional=create_optimizer,
         summary="SpeedupMixin + OptimizerConfig/SchedulerConfig: no-decay groups, lr multipliers, per-step schedules",
-        mission_tip="2, 3",
+        ways=(2, 3),
         bench="lightning_speedups.benchmarks.optim:run",
     )
 )

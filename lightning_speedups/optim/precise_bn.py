@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_speedups._errors import check_int
-from lightning_speedups._inputs import candidate_inputs, forward_error, head_samples
+from lightning_speedups._inputs import call_model, candidate_inputs, forward_error, head_samples
 
 __all__ = ["DEFAULT_BN_BATCHES", "batchnorm_layers", "recompute_batchnorm"]
 
@@ -24,19 +24,11 @@ __all__ = ["DEFAULT_BN_BATCHES", "batchnorm_layers", "recompute_batchnorm"]
 DEFAULT_BN_BATCHES = 50
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
-
-
 def _input_picker(model: nn.Module, batch: Any) -> Callable[[nn.Module, Any], Any] | None:
     """``forward(model, batch)`` for the first form of the inputs in ``batch`` that ``model`` accepts (eval probe)."""
     for i, candidate in enumerate(candidate_inputs(head_samples(batch))):
         if forward_error(model, candidate) is None:
-            return lambda m, b, i=i: _call(m, next(islice(candidate_inputs(b), i, None)))
+            return lambda m, b, i=i: call_model(m, next(islice(candidate_inputs(b), i, None)))
     return None
 
 

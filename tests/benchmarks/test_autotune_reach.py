@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.autotune_reach import MATTERS, format_summary, main, run_suite
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.benchmarks.autotune_reach import MATTERS, format_summary, main, run_suite
 
 
 def test_small_run_writes_a_row_resumes_and_lists_what_the_default_missed(tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from benchmarks.batch_size_suite import format_summary, main, run_suite, summarize
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.benchmarks.batch_size_suite import format_summary, main, run_suite, summarize
 
 
 def test_quick_run_writes_rows_resumes_and_summarizes(tmp_path):
@@ -44,8 +44,8 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys):
 
 
 def test_a_chosen_size_is_paired_with_the_best_and_rescored():
-    from lightning_speedups.benchmarks.batch_size_suite import _paired
-    from lightning_speedups.benchmarks.workloads import get_workload
+    from benchmarks.batch_size_suite import _paired
+    from benchmarks.workloads import get_workload
 
     searched = {"best": 32, "searches": [{"chosen": 16}, {"chosen": 32}, {"chosen": 16}]}
     row = _paired(get_workload("tabular_mlp"), 2, True, 2, searched)

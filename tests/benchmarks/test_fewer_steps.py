@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import fewer_steps
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.benchmarks import fewer_steps
 
 
 def _run(method: str, factor: float, seed: int, steps_to_target: int | None, final: float) -> dict:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks import lr_grid
+from benchmarks.workloads import _registry, get_workload
 from lightning_speedups import SpeedupConfigError
-from lightning_speedups.benchmarks import lr_grid
-from lightning_speedups.benchmarks.workloads import _registry, get_workload
 
 
 @pytest.fixture

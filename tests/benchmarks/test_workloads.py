@@ -9,8 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_speedups import SpeedupConfigError
-from lightning_speedups.benchmarks.workloads import (
+from benchmarks.workloads import (
     KINDS,
     SPLITS,
     Workload,
@@ -20,6 +19,7 @@ from lightning_speedups.benchmarks.workloads import (
     time_to_target,
     trainer_kwargs,
 )
+from lightning_speedups import SpeedupConfigError
 from lightning_speedups.optim.mixin import SpeedupMixin
 
 SMOKE = dict(
@@ -79,7 +79,7 @@ def test_workload_seqcls_exposes_lengths() -> None:
 
 
 def test_workload_segmentation_mask_follows_its_image() -> None:
-    from lightning_speedups.benchmarks.workloads.segmentation import SCENE_CLASSES, draw_scenes
+    from benchmarks.workloads.segmentation import SCENE_CLASSES, draw_scenes
 
     images, masks = draw_scenes(8, seed=3, size=48)
     assert images.shape == (8, 3, 48, 48) and images.dtype == torch.uint8 and masks.shape == (8, 48, 48)
@@ -100,7 +100,7 @@ def test_workload_segmentation_mask_follows_its_image() -> None:
 
 
 def test_workload_denoising_draws_fresh_noise_per_sample_and_validates_on_one_fixed_draw() -> None:
-    from lightning_speedups.benchmarks.workloads.denoising import psnr
+    from benchmarks.workloads.denoising import psnr
 
     model, data = get_workload("denoise_dncnn").build(0, small=True)
     data.setup("fit")
@@ -121,7 +121,7 @@ def test_workload_denoising_draws_fresh_noise_per_sample_and_validates_on_one_fi
 
 
 def test_workload_boxes_follow_the_crop_and_flip_and_score_by_iou() -> None:
-    from lightning_speedups.benchmarks.workloads.localization import box_iou_pairs, mask_boxes
+    from benchmarks.workloads.localization import box_iou_pairs, mask_boxes
 
     masks = torch.zeros(2, 8, 8, dtype=torch.uint8)
     masks[0, 2:5, 1:7] = 1
@@ -169,7 +169,7 @@ def test_workload_register_and_trainer_kwargs() -> None:
         assert kw["accelerator"] == "cpu" and kw["max_epochs"] == 1 and kw["logger"] is False
         L.Trainer(**kw)  # the settings are valid Trainer arguments
     finally:
-        from lightning_speedups.benchmarks.workloads._registry import _WORKLOADS
+        from benchmarks.workloads._registry import _WORKLOADS
 
         _WORKLOADS.pop("tabular_copy", None)
 
@@ -197,7 +197,7 @@ def test_workload_time_to_target_reached_and_stops() -> None:
 
 
 def test_workload_mlm_masks_like_bert_and_validates_on_fixed_masks() -> None:
-    from lightning_speedups.benchmarks.workloads.text_mlm import IGNORE, MASK, SPECIAL, MaskedParagraphs, mask_tokens
+    from benchmarks.workloads.text_mlm import IGNORE, MASK, SPECIAL, MaskedParagraphs, mask_tokens
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(SPECIAL, 260, (64, 100), generator=gen)

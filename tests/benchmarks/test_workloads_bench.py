@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks import workloads_bench as wb
+from benchmarks._workloads_table import does_not_help
+from benchmarks.workloads import _registry, get_workload
 from lightning_speedups import SpeedupConfigError
 from lightning_speedups.autotune import TunePlan
-from lightning_speedups.benchmarks import workloads_bench as wb
-from lightning_speedups.benchmarks._workloads_table import does_not_help
-from lightning_speedups.benchmarks.runner import _select, run_benchmarks
-from lightning_speedups.benchmarks.workloads import _registry, get_workload
 from lightning_speedups.recipes import Recipe
 
 
@@ -266,17 +265,6 @@ def test_workloads_bench_does_not_help_on_accuracy() -> None:
     assert does_not_help({**base, "ratio": 1.5, "quality": 0.896}, base) is None
 
 
-def test_workloads_bench_in_the_runner(monkeypatch) -> None:
-    assert "workloads" not in _select(None, None)  # hours in full mode: only when named
-    assert _select(["workloads", "ema"], None) == ["ema", "workloads"]
-    with pytest.raises(SpeedupConfigError, match=r"`technique`='nope' is not registered\..*'workloads'"):
-        _select(["nope"], None)
-    seen = {}
-    monkeypatch.setattr(wb, "run", lambda quick=True, no_bf16=False: seen.update(quick=quick, no_bf16=no_bf16) or [])
-    rows, errors = run_benchmarks(quick=True, only=["workloads"], echo=False, no_bf16=True)
-    assert (rows, errors, seen) == ([], {}, {"quick": True, "no_bf16": True})
-
-
 def test_workloads_bench_run_gives_bench_rows(fake: _FakeTrainer) -> None:
     fake.times = {("autotune_first", 0): 4.0, ("autotune_cached", 0): 5.0}
     rows = wb.run(quick=False, tasks=["tiny"], seeds=(0,), echo=False)
@@ -296,7 +284,7 @@ def test_workloads_bench_real_smoke(tmp_path) -> None:
 
 
 def test_workloads_bench_gain_checks_per_sample_against_the_same_seed() -> None:
-    from lightning_speedups.benchmarks._workloads_table import format_gain_checks, gain_checks
+    from benchmarks._workloads_table import format_gain_checks, gain_checks
 
     base = dict(task="t", method="baseline", seed=0, train_s=10.0, steps=100, batch_scale=1, predicted_gain=None)
     rows = [
@@ -322,7 +310,7 @@ def test_workloads_bench_gain_checks_per_sample_against_the_same_seed() -> None:
 
 
 def test_workloads_advisor_fix_for_skips_code_changes_and_measure_first() -> None:
-    from lightning_speedups.benchmarks._workloads_advisor import FIXES, fix_for
+    from benchmarks._workloads_advisor import FIXES, fix_for
 
     findings = [
         {"key": "data_bound", "fix": "`DeviceDataLoader`"},

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from benchmarks.workloads_ceiling import ROW_KEYS, ceilings, format_summary, main, run_suite
 from lightning_speedups._errors import SpeedupConfigError
-from lightning_speedups.benchmarks.workloads_ceiling import ROW_KEYS, ceilings, format_summary, main, run_suite
 
 
 def test_small_run_writes_a_row_with_its_oracle_and_resumes(tmp_path):

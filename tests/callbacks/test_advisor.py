@@ -18,6 +18,7 @@ from lightning_speedups._registry import get_technique
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
 from lightning_speedups.demo import DemoClassifier
 from tests.helpers import quiet_trainer
+from tests.technique_examples import EXAMPLES
 
 
 class FakeClock:
@@ -266,7 +267,7 @@ def test_advisor_resume(tmp_path):
 def test_advisor_registry_example():
     info = get_technique("advisor")
     assert info.callback is SpeedAdvisor and info.bench == "lightning_speedups.benchmarks.advise:run"
-    advisor = SpeedAdvisor(**info.example_kwargs)
+    advisor = SpeedAdvisor(**EXAMPLES["advisor"].kwargs)
     _fit(advisor, ClockedModel(), ClockedData(FakeClock(), 0.0), steps=2, limit_val_batches=1)
     assert advisor.report is not None and advisor.report.summary["timed_batches"] == 1
     # a run too short for any timed batch says so instead of failing silently

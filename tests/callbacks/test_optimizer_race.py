@@ -270,7 +270,7 @@ def test_autotune_races_the_optimization_when_named_and_says_why_not_otherwise()
     (race,) = [cb for cb in plan.callbacks if isinstance(cb, OptimizerRace)]
     trainer = quiet_trainer(callbacks=plan.callbacks, limit_val_batches=2, **plan.trainer_kwargs)
     trainer.fit(_module(), _data(), _data(64))
-    assert race.winner is not None and f"race: {race.note}" in plan.to_text()
+    assert race.winner is not None and f"race: {race.note}" in plan.explain(width=None)
 
     short = autotune(_module(), _data(), candidates=["optimization"], cache=False, budget_s=1.0, max_steps=100)
     assert not [cb for cb in short.callbacks if isinstance(cb, OptimizerRace)]

@@ -202,4 +202,4 @@ def test_token_throughput_resume(monkeypatch, tmp_path):
 
 def test_token_throughput_registered():
     info = get_technique("token_throughput")
-    assert info.callback is TokenThroughput and info.mission_tip == "6, 7"
+    assert info.callback is TokenThroughput and info.ways == (6, 7)

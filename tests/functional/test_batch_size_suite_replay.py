@@ -2,7 +2,7 @@
 
 ``docs/_data/batch_size_suite.json`` holds, per suite task, the step times of every ladder size measured on a quiet
 machine (``sweep``) and beside one CPU-bound process (``load_sweep``) by
-``python -m lightning_speedups.benchmarks.batch_size_suite``. Here the search runs on those curves with a simulated
+``python -m benchmarks.batch_size_suite``. Here the search runs on those curves with a simulated
 clock (no training, no timing): its choice must reach 0.9x of the curve's best rate in 95 of 100 seeds with the
 quiet machine's own step noise, and in 90 of 100 with either heavy noise model of ``test_batch_size_noise`` (+-30%
 per step, or +-10% with one step in five three times as long) on the loaded curve where one was measured, else on
@@ -87,7 +87,7 @@ FLOOR: dict[tuple[str, str], int] = {
 
 
 def test_the_suite_curves_are_committed_for_every_kind():
-    assert DATA.exists(), "run python -m lightning_speedups.benchmarks.batch_size_suite --json " + str(DATA)
+    assert DATA.exists(), "run python -m benchmarks.batch_size_suite --json " + str(DATA)
     kinds = {r["kind"] for r in ROWS}
     assert len(TASKS) >= 5 and len(kinds) >= 4 and not any(r.get("small") for r in ROWS)
 

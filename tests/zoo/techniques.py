@@ -1,8 +1,8 @@
 """The zoo's columns (techniques), the one table of expected outcomes, and what each technique must visibly do.
 
-Columns are every technique registered with a callback (built from its ``example_kwargs``), a no-technique control,
-variants that exercise harder paths (mask pruning, pruning and gradual unfreezing in the middle of a run) and the
-functional ``quantize_for_inference``.
+Columns are every technique registered with a callback (built from its entry in ``tests/technique_examples.py``), a
+no-technique control, variants that exercise harder paths (mask pruning, pruning and gradual unfreezing in the middle
+of a run) and the functional ``quantize_for_inference``.
 
 :data:`EXPECTED` maps ``(arch, technique)`` to ``"works"`` or :class:`Refused` (``"*"`` matches any row or column); an
 unlisted cell is expected to work, so a technique registered tomorrow is covered, and expected to work everywhere, the
@@ -11,7 +11,6 @@ day it is added. To change what the suite demands of a cell, change this table.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import lightning_speedups as ls
-from lightning_speedups._registry import get_technique, list_techniques
+from lightning_speedups._registry import get_technique, list_techniques, missing_requirements
+from tests.technique_examples import EXAMPLES, Example
 from tests.zoo.models import ARCHS
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
     "Refused",
     "Technique",
     "expected",
-    "missing_needs",
+    "missing_modules",
     "param_count",
 ]
 
@@ -43,7 +43,7 @@ class Technique:
 
     name: str
     callbacks: Callable[[], list[Callback]] | None
-    needs: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # as TechniqueInfo.requires: python modules and hardware
     archs: tuple[str, ...] | None = None  # only these rows (slow techniques); None = every row
     slow: bool = False
     note: str = ""
@@ -53,7 +53,7 @@ class Technique:
     schedule_free: bool = False  # the zoo module builds a schedule-free optimizer and no scheduler
 
 
-# kwargs merged over a registered technique's `example_kwargs` for the zoo (keep each cell cheap)
+# kwargs merged over a technique's kwargs in tests/technique_examples.py for the zoo (keep each cell cheap)
 ZOO_KWARGS: dict[str, dict[str, Any]] = {}
 # torch.compile, even with the registry's cheap backend="eager" (dynamo capture of a train and an eval graph), costs
 # 5-20 s per CNN row on 2 cores: one row per family (the EfficientNet / MobileNet / RegNet rows add no new module
@@ -80,20 +80,21 @@ def _registered() -> list[Technique]:
         info = get_technique(name)
         if info.callback is None:
             continue
-        kwargs = {**info.example_kwargs, **ZOO_KWARGS.get(name, {})}
+        # a technique without an example fails test_registry.py; here it gets its defaults
+        kwargs = {**EXAMPLES.get(name, Example()).kwargs, **ZOO_KWARGS.get(name, {})}
 
         def make(cls: type = info.callback, kw: dict[str, Any] = kwargs) -> list[Callback]:
             return [cls(**kw)]
 
         note = f"{info.callback.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
         if name == "compile":
-            out.append(Technique(name, make, info.needs, archs=COMPILE_ARCHS, slow=True, note=note))
+            out.append(Technique(name, make, info.requires, archs=COMPILE_ARCHS, slow=True, note=note))
         elif name == "schedule_free":
             out.append(
                 Technique(
                     name,
                     make,
-                    ("schedulefree",),
+                    info.requires,
                     archs=SCHEDULE_FREE_ARCHS,
                     module_scheduler=False,
                     schedule_free=True,
@@ -101,12 +102,12 @@ def _registered() -> list[Technique]:
                 )
             )
         else:
-            out.append(Technique(name, make, info.needs, note=note))
+            out.append(Technique(name, make, info.requires, note=note))
     return out
 
 
 def _variant(name: str, base: str, make: Callable[[], Callback], note: str) -> Technique:
-    return Technique(name, lambda: [make()], get_technique(base).needs, note=note, variant_of=base)
+    return Technique(name, lambda: [make()], get_technique(base).requires, note=note, variant_of=base)
 
 
 def _techniques() -> dict[str, Technique]:
@@ -142,8 +143,8 @@ def _techniques() -> dict[str, Technique]:
         techs.append(
             Technique(
                 "fast_schedule_no_sched",
-                lambda: [fast.callback(**fast.example_kwargs)],
-                fast.needs,
+                lambda: [fast.callback(**EXAMPLES["fast_schedule"].kwargs)],
+                fast.requires,
                 note=f"{fast.callback.__name__}(...) on a module whose configure_optimizers returns only the optimizer",
                 variant_of="fast_schedule",
                 module_scheduler=False,
@@ -164,7 +165,7 @@ def _combinations() -> list[Technique]:
 
     def registered(name: str) -> Callback:
         info = get_technique(name)
-        return info.callback(**info.example_kwargs)  # type: ignore[misc]
+        return info.callback(**EXAMPLES[name].kwargs)  # type: ignore[misc]
 
     combos: dict[str, Callable[[], list[Callback]]] = {
         "compile+pruning": lambda: [registered("compile"), prune()],
@@ -393,15 +394,7 @@ EFFECTS: dict[str, Effect] = {
 }
 
 
-def missing_needs(tech: Technique) -> list[str]:
-    out = []
-    for need in tech.needs:
-        if need == "cuda_sm89":
-            continue  # float8: the zoo checks its CPU refusal instead of skipping
-        if need == "cuda":
-            ok = torch.cuda.is_available()
-        else:
-            ok = importlib.util.find_spec(need) is not None
-        if not ok:
-            out.append(need)
-    return out
+def missing_modules(tech: Technique) -> list[str]:
+    """The python modules ``tech`` requires that are not installed; its hardware is not checked: the zoo trains on
+    the CPU and expects a technique that needs a GPU (float8) to refuse there, as ``EXPECTED`` says."""
+    return missing_requirements(tech.requires, hardware=False)

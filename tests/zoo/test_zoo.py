@@ -26,7 +26,7 @@ from tests.zoo.cells import (
     reload_check,
     resume_check,
 )
-from tests.zoo.techniques import known_issue, missing_needs
+from tests.zoo.techniques import known_issue, missing_modules
 
 pytestmark = [
     pytest.mark.zoo,
@@ -46,7 +46,7 @@ def _param(cell: Cell, check: str = "fit") -> object:
 
 
 def _skip_missing(cell: Cell) -> None:
-    missing = missing_needs(cell.technique)
+    missing = missing_modules(cell.technique)
     if missing:
         pytest.skip(f"{cell.tech} needs {missing}")
 

@@ -424,8 +424,7 @@ register_technique(
         callback=SpeedAdvisor,
         functional=F.diagnose,
         summary="Measures a window of steps and ranks what slows training down, naming this library's fix.",
-        mission_tip="1, 2, 3, 4, 5, 6, 7, 8, 9",
+        ways=(1, 2, 3, 4, 5, 6, 7, 8, 9),
         bench="lightning_speedups.benchmarks.advise:run",
-        example_kwargs={"warmup_steps": 1, "window_steps": 1, "measure_effects": False, "verbose": False},
     )
 )

@@ -1,4 +1,4 @@
-"""ThroughputBatchSizeFinder (mission tip 7): pick the batch size that trains fastest, then train with it.
+"""ThroughputBatchSizeFinder (way 7): pick the batch size that trains fastest, then train with it.
 
 Importing this package registers the ``batch_size_finder`` technique. The modules:
 

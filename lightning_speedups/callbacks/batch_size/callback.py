@@ -451,8 +451,7 @@ register_technique(
         functional=search_batch_size,
         summary="Pick the batch size with the highest measured samples/s, or real tokens/s on token sequences "
         "(stops at the plateau, not at OOM).",
-        mission_tip="7",
+        ways=(7,),
         bench="lightning_speedups.benchmarks.batch_size:run",
-        example_kwargs=dict(init_val=16, max_val=32, steps_per_trial=1, warmup_steps=0, progress_bar=False),
     )
 )

@@ -217,9 +217,7 @@ register_technique(
         functional=prune_structured,
         summary="Structural channel pruning (torch-pruning) that shrinks every step; or correct mask pruning.",
         requires=("torch_pruning",),
-        mission_tip="4",
+        ways=(4,),
         bench="lightning_speedups.benchmarks.pruning:run",
-        example_kwargs={"amount": 0.5, "start_epoch": 0},
-        needs=("torch_pruning",),
     )
 )

@@ -1,4 +1,4 @@
-"""Throughput batch-size search (mission tip 7): the policy, its records and the state it must put back.
+"""Throughput batch-size search (way 7): the policy, its records and the state it must put back.
 
 The search itself knows nothing about Lightning: :func:`search_batch_size` walks a ladder of batch sizes, asks a
 ``measure(batch_size)`` callable for one :class:`BatchSizeTrial` per size, and stops on a throughput plateau, an

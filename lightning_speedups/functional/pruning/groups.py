@@ -20,9 +20,9 @@ torch-pruning or in a pruned forward, becomes a refusal that names the module (:
 from __future__ import annotations
 
 import contextlib
-import sys
 import traceback
 from collections.abc import Iterable, Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from torch import nn
 from lightning_speedups._compat import GraphBudgetExceeded, tp_index_budget
 from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups._heads import CONV_LINEAR
-from lightning_speedups._inputs import call_model, eval_mode, flat_tensors, train_mode
+from lightning_speedups._inputs import call_model, eval_mode, failing_module, flat_tensors, train_mode
 
 __all__ = [
     "attention_modules",
@@ -131,28 +131,20 @@ def safe_attention_roots(
 def blame_module(model: nn.Module, err: BaseException) -> str | None:
     """Name of the innermost module of ``model`` that was running or being analysed when ``err`` was raised.
 
-    A forward's frames name their module (``self``); torch-pruning's frames name the layer, dependency or graph node
-    they were working on, and a node of a function (a reshape, a channel shuffle) is named by the smallest module
-    that holds the layers feeding it. ``""`` (the model itself) is reported as the model's type name.
+    A forward's frames name their module (:func:`~lightning_speedups._inputs.failing_module`); torch-pruning's frames
+    name the layer, dependency or graph node they were working on, and a node of a function (a reshape, a channel
+    shuffle) is named by the smallest module that holds the layers feeding it. ``""`` (the model itself) is reported
+    as the model's type name.
     """
-    names = {id(m): n for n, m in model.named_modules()}
-    found = None
-    for frame, _line in traceback.walk_tb(err.__traceback__ or sys.exc_info()[2]):
-        modules = _frame_modules(frame, names)
-        if modules:
-            found = _common_parent([names[id(m)] for m in modules]) or type(model).__name__
-    return found
+    where = failing_module(model, err, _torch_pruning_modules)
+    return None if where is None else where or type(model).__name__
 
 
-def _frame_modules(frame: Any, names: dict[int, str]) -> list[nn.Module]:
-    local = frame.f_locals
-    owner = local.get("self")
-    if isinstance(owner, nn.Module) and id(owner) in names:
-        return [owner]
+def _torch_pruning_modules(frame: FrameType, names: dict[int, str]) -> list[nn.Module]:
     if "torch_pruning" not in frame.f_code.co_filename:
         return []
     for key in ("layer", "module", "node", "dep", "self"):  # what torch-pruning's functions call what they work on
-        found = _as_modules(local.get(key), names)
+        found = _as_modules(frame.f_locals.get(key), names)
         if found:
             return found
     return []
@@ -180,16 +172,6 @@ def _as_modules(value: Any, names: dict[int, str]) -> list[nn.Module]:
         elif isinstance(getattr(item, "inputs", None), list):  # a function node (reshape, cat...): what feeds it
             stack.extend(item.inputs)
     return found
-
-
-def _common_parent(paths: list[str]) -> str:
-    parts = [p.split(".") for p in dict.fromkeys(paths)]
-    common = []
-    for level in zip(*parts):
-        if len(set(level)) > 1:
-            break
-        common.append(level[0])
-    return ".".join(common)
 
 
 def unknown_layers(tp: Any, model: nn.Module) -> list[str]:
@@ -305,8 +287,9 @@ def raised_in_torch_pruning(err: BaseException) -> bool:
 
 def dependency_error(tp: Any, model: nn.Module, err: Exception) -> SpeedupConfigError:
     """A torch-pruning crash (a channel shuffle, a token-mixing MLP...) as a refusal that names the module."""
-    where = blame_module(model, err)
-    kind = type(model.get_submodule(where)).__name__ if where and _has_submodule(model, where) else None
+    found = failing_module(model, err, _torch_pruning_modules)
+    where = None if found is None else found or type(model).__name__  # the model itself: its type, no kind
+    kind = type(model.get_submodule(found)).__name__ if found else None
     at = f" at module {where!r}{f' ({kind})' if kind else ''}" if where else ""
     unknown = unknown_layers(tp, model)
     if unknown:
@@ -319,11 +302,3 @@ def dependency_error(tp: Any, model: nn.Module, err: Exception) -> SpeedupConfig
         "token-mixing MLPs and reshapes that move channels into other dimensions are beyond its dependency analysis; "
         "mask pruning works on any conv/linear layer."
     )
-
-
-def _has_submodule(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-    except AttributeError:
-        return False
-    return True

@@ -5,7 +5,7 @@ needs: the reference) and with the default budget (5% of the planned run), both 
 whose reference gain is at least ``1.2x`` must have been measured by the default run (the issue's target); the row
 lists those it missed and each run's choices with their gains and intervals.
 
-Run: ``python -m lightning_speedups.benchmarks.autotune_reach --json docs/_data/autotune_reach.json [--tasks a,b]
+Run: ``python -m benchmarks.autotune_reach --json docs/_data/autotune_reach.json [--tasks a,b]
 [--reference-s 120] [--no-bf16]``. Timing: nothing else may run on the machine meanwhile.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 
 import lightning as L
 
+from benchmarks._rows import comma_list, read_rows, write_rows
+from benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
+from benchmarks.workloads._registry import Workload
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_range
 from lightning_speedups.autotune import autotune
-from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
-from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.measure import machine_info
 
 __all__ = ["MATTERS", "format_summary", "main", "run_suite"]
@@ -130,7 +130,7 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lightning_speedups.benchmarks.autotune_reach``: run it and print the table."""
+    """``python -m benchmarks.autotune_reach``: run it and print the table."""
     import argparse
 
     parser = argparse.ArgumentParser(description="autotune's default budget against a generous one, per workload.")

@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.segmentation import draw_scenes
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads.segmentation import draw_scenes
 
 __all__ = ["DenoiseDataModule", "DenoisingModule", "DnCNN", "psnr"]
 
@@ -100,7 +100,7 @@ class _NoisyCrops(Dataset):
 
 
 class DenoiseDataModule(L.LightningDataModule):
-    """Clean images from :func:`~lightning_speedups.benchmarks.workloads.segmentation.draw_scenes` (no pixel noise of
+    """Clean images from :func:`~benchmarks.workloads.segmentation.draw_scenes` (no pixel noise of
     their own) drawn at ``size + 8`` px; training crops ``size`` px with flips and fresh noise of standard deviation
     ``sigma`` per sample; validation the centre crops with one fixed noise draw (seeded)."""
 

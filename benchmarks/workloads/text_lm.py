@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads._stdlib_text import stdlib_corpus
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads._stdlib_text import stdlib_corpus
+from lightning_speedups.benchmarks._sequence_tasks import CausalBlock  # the sequences bench's GPT block
 
-__all__ = ["ByteGPT", "ByteLMDataModule", "CausalBlock", "CharGRU"]
+__all__ = ["ByteGPT", "ByteLMDataModule", "CharGRU"]
 
 
 class _Windows(Dataset):
@@ -100,28 +101,6 @@ class _LMBase(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-
-
-class CausalBlock(nn.Module):
-    """Pre-norm transformer block with causal ``scaled_dot_product_attention`` (nanoGPT's layout)."""
-
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.ln2 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        # no mask: plain causal; a packed row: the block-diagonal causal mask (packed_attention_mask)
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
 
 
 class ByteGPT(_LMBase):

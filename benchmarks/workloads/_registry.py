@@ -67,7 +67,7 @@ class Workload:
 
     Example::
 
-        >>> from lightning_speedups.benchmarks.workloads import get_workload
+        >>> from benchmarks.workloads import get_workload
         >>> w = get_workload("tabular_mlp")
         >>> w.kind, w.mode, w.reached(w.target)
         ('tabular', 'max', True)
@@ -137,7 +137,7 @@ def trainer_kwargs(workload: Workload, **overrides: Any) -> dict[str, Any]:
 
     Example::
 
-        >>> from lightning_speedups.benchmarks.workloads import get_workload
+        >>> from benchmarks.workloads import get_workload
         >>> kw = trainer_kwargs(get_workload("gpt_stdlib"), max_steps=2)
         >>> kw["accelerator"], kw["max_steps"]
         ('cpu', 2)

@@ -20,9 +20,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads._stdlib_text import stdlib_corpus
 from lightning_speedups._errors import require
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs, stdlib_corpus
+from lightning_speedups.benchmarks._sequence_tasks import paragraphs
 
 __all__ = ["MaskedParagraphs", "ParagraphMLMDataModule", "HFMaskedLM", "mask_tokens"]
 

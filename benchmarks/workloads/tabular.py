@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads.images import ImageClassifier
 from lightning_speedups._errors import require
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.images import ImageClassifier
 
 __all__ = ["StandardizedRows", "TabularDataModule", "tabular_mlp"]
 

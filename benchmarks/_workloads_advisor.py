@@ -16,8 +16,8 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_speedups.benchmarks.workloads import time_to_target
-from lightning_speedups.benchmarks.workloads._registry import Workload
+from benchmarks.workloads import time_to_target
+from benchmarks.workloads._registry import Workload
 from lightning_speedups.callbacks.advisor import SpeedAdvisor
 from lightning_speedups.callbacks.batch_size import ThroughputBatchSizeFinder
 from lightning_speedups.callbacks.channels_last import ChannelsLast

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.images import ImageClassifier
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads.images import ImageClassifier
 
 __all__ = ["SignalDataModule", "SignalWindows", "draw_signals", "signal_cnn"]
 

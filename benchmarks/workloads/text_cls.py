@@ -16,8 +16,9 @@ import torchmetrics
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads._stdlib_text import paragraphs, read_source, stdlib_package_files
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads._stdlib_text import read_source, stdlib_package_files
+from lightning_speedups.benchmarks._sequence_tasks import paragraphs
 
 __all__ = ["PACKAGES", "PackageDataModule", "PackageSnippets", "SnippetClassifier"]
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.images import ImageClassifier, conv_bn_relu
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads.images import ImageClassifier, conv_bn_relu
 
 __all__ = [
     "KEYWORDS",

@@ -1,6 +1,6 @@
 """The LR finder against a coarse grid of learning rates, on every task of the workload suite.
 
-Per task and seed, the planned run of the workload (:func:`~lightning_speedups.benchmarks.workloads.time_to_target`,
+Per task and seed, the planned run of the workload (:func:`~benchmarks.workloads.time_to_target`,
 its own optimizer and length) is trained once at each learning rate of the grid, the task's own ``lr`` times
 :data:`GRID` (a coarse grid around what its user wrote; ``model.lr`` is set before ``fit``), then once with
 :class:`~lightning_speedups.LRFinder` (default rule and settings) as a callback, which runs its range test and trains
@@ -16,7 +16,7 @@ The verdict per task (:func:`summarize`): the finder's quality is within :func:`
 or an IoU, one point; 0.02 for a loss; 0.1 dB for a PSNR) of the best grid value, compared in the task's direction
 (``mode``). A task whose module has no numeric ``lr`` attribute gets one ``"skipped"`` row saying so.
 
-Run: ``python -m lightning_speedups.benchmarks.lr_grid --json docs/_data/lr_grid.json [--tasks a,b] [--seeds 0]
+Run: ``python -m benchmarks.lr_grid --json docs/_data/lr_grid.json [--tasks a,b] [--seeds 0]
 [--quick]``. ``--quick`` is a smoke test of the plumbing: :data:`QUICK_TASKS`, small builds, a few steps, a short
 range test (its verdicts mean nothing).
 """
@@ -36,10 +36,10 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from benchmarks._rows import comma_list
+from benchmarks.workloads import get_workload, list_workloads, time_to_target
+from benchmarks.workloads._registry import Workload
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
-from lightning_speedups.benchmarks._common import comma_list
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
-from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.callbacks.lr_finder import LRFinder
 from lightning_speedups.measure import machine_info
 
@@ -470,7 +470,7 @@ def _ranges(s: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lightning_speedups.benchmarks.lr_grid``: run the grid and the finder, print the summary table."""
+    """``python -m benchmarks.lr_grid``: run the grid and the finder, print the summary table."""
     import argparse
 
     parser = argparse.ArgumentParser(description="The LR finder vs a coarse grid of learning rates, per suite task.")

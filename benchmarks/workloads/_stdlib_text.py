@@ -2,7 +2,8 @@
 
 The files are taken in sorted path order, skipping tests, bundled data tables (``encodings``, ``pydoc_data``),
 ``idlelib``, ``lib2to3`` and installed packages. The corpus depends on the Python version, so targets were set on
-the one named in each workload's description.
+the one named in each workload's description. Paragraphs are cut by the package's
+:func:`lightning_speedups.benchmarks._sequence_tasks.paragraphs` (the sequences bench reads them too).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pathlib
 import sysconfig
 from functools import lru_cache
 
-__all__ = ["paragraphs", "read_source", "stdlib_corpus", "stdlib_files", "stdlib_package_files"]
+__all__ = ["read_source", "stdlib_corpus", "stdlib_files", "stdlib_package_files"]
 
 _SKIP_TOP = {"site-packages", "dist-packages", "test", "idlelib", "lib2to3", "encodings", "pydoc_data", "turtledemo"}
 _MAX_FILE_BYTES = 200_000  # a few generated or table-like files are huge; users' code is not
@@ -63,13 +64,3 @@ def stdlib_corpus(max_bytes: int = 3_000_000) -> tuple[tuple[str, bytes], ...]:
         out.append((rel, data))
         size += len(data)
     return tuple(out)
-
-
-def paragraphs(data: bytes, min_len: int, max_len: int | None) -> list[bytes]:
-    """The blank-line separated paragraphs of ``data`` with at least ``min_len`` non-blank bytes, cut at ``max_len``."""
-    out = []
-    for para in data.split(b"\n\n"):
-        para = para.strip(b"\n")
-        if len(para.strip()) >= min_len:
-            out.append(para[:max_len])
-    return out

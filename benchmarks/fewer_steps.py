@@ -1,7 +1,7 @@
 """Fewer steps to the target: Muon, schedule-free AdamW and WSD against each task's own optimizer, on the suite.
 
 Per task, seed and learning-rate factor the planned run of the workload
-(:func:`~lightning_speedups.benchmarks.workloads.time_to_target`, its own length and validations) is trained with:
+(:func:`~benchmarks.workloads.time_to_target`, its own length and validations) is trained with:
 
 - ``own``: the task's own optimizer and schedule, as its user wrote them (AdamW or Adam on every suite task);
 - ``muon``: the same optimizer as the Muon hybrid (:class:`~lightning_speedups.Muon`: groups, lr and schedule kept;
@@ -27,7 +27,7 @@ runs, the price of a step from one quiet comparison. The runs' own wall times st
 ``--no-bf16`` runs Muon's Newton-Schulz iterations in fp32 (what a CPU without bf16 units gets from
 ``ns_dtype="auto"``); otherwise ``"auto"`` chooses on this machine. The other methods run in fp32 either way.
 
-Run: ``python -m lightning_speedups.benchmarks.fewer_steps --json docs/_data/fewer_steps.json [--tasks a,b]
+Run: ``python -m benchmarks.fewer_steps --json docs/_data/fewer_steps.json [--tasks a,b]
 [--methods own,muon] [--seeds 0,1,2] [--no-bf16] [--quick]``.
 """
 
@@ -48,10 +48,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
+from benchmarks._rows import comma_list, read_rows, write_rows
+from benchmarks.lr_grid import QUICK_OVERRIDES, NoLr, with_lr
+from benchmarks.workloads import get_workload, list_workloads, time_to_target
 from lightning_speedups._errors import SpeedupConfigError, check_choice
-from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
-from lightning_speedups.benchmarks.lr_grid import QUICK_OVERRIDES, NoLr, with_lr
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.muon import Muon
 from lightning_speedups.callbacks.optimizer_race import ARMS, OptimizerRace

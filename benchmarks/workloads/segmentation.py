@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.images import ImageClassifier, conv_bn_relu
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads.images import ImageClassifier, conv_bn_relu
 
 __all__ = ["SCENE_CLASSES", "ScenesDataModule", "SegmentationModule", "UNet", "draw_scenes"]
 

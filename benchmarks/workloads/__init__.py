@@ -6,7 +6,7 @@ per-sample work, trained offline (no downloads), and declares its metric, the ta
 
 Example::
 
-    >>> from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
+    >>> from benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
     >>> "gpt_stdlib" in list_workloads(split="dev"), "signal_cnn1d" in list_workloads(split="held_out")
     (True, True)
     >>> w = get_workload("gpt_stdlib")
@@ -14,7 +14,7 @@ Example::
     ('val_loss', 'min')
 """
 
-from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registration)
+from benchmarks.workloads import (  # noqa: F401  (registration)
     audio,
     denoising,
     images,
@@ -26,7 +26,7 @@ from lightning_speedups.benchmarks.workloads import (  # noqa: F401  (registrati
     text_lm,
     text_mlm,
 )
-from lightning_speedups.benchmarks.workloads._registry import (
+from benchmarks.workloads._registry import (
     KINDS,
     SPLITS,
     Workload,
@@ -35,7 +35,7 @@ from lightning_speedups.benchmarks.workloads._registry import (
     register_workload,
     trainer_kwargs,
 )
-from lightning_speedups.benchmarks.workloads._run import TargetClock, time_to_target
+from benchmarks.workloads._run import TargetClock, time_to_target
 
 __all__ = [
     # registry

@@ -19,8 +19,8 @@ from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
-from lightning_speedups.benchmarks.workloads.segmentation import draw_scenes
+from benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads.segmentation import draw_scenes
 
 __all__ = ["BoxDataModule", "BoxRegressor", "box_iou_pairs", "mask_boxes"]
 
@@ -62,7 +62,7 @@ class _BoxScenes(Dataset):
 
 
 class BoxDataModule(L.LightningDataModule):
-    """:func:`~lightning_speedups.benchmarks.workloads.segmentation.draw_scenes` with the box around both objects as
+    """:func:`~benchmarks.workloads.segmentation.draw_scenes` with the box around both objects as
     the target; training takes a random resized crop (scale 0.6-1, boxes clamped to it) and a horizontal flip."""
 
     def __init__(

@@ -19,7 +19,7 @@ Per task (its planned data and model, seed 0, the user's own optimizer and loade
 Rows are written one by one to the JSON file (an interrupted run keeps them; a re-run skips the ``(task, phase)``
 rows it holds). Ranks are in the finder's own unit: real tokens/s on token sequences, samples/s otherwise.
 
-Run: ``python -m lightning_speedups.benchmarks.batch_size_suite --json docs/_data/batch_size_suite.json [--tasks a,b]
+Run: ``python -m benchmarks.batch_size_suite --json docs/_data/batch_size_suite.json [--tasks a,b]
 [--runs 3] [--load-runs 10] [--max-val 512] [--quick]``. Nothing else may run on the machine meanwhile (the quiet
 phase is the point); the full run takes about half an hour on 2 cores.
 """
@@ -37,11 +37,11 @@ from typing import Any
 
 import lightning as L
 
+from benchmarks._rows import comma_list, read_rows, write_rows
+from benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
+from benchmarks.workloads._registry import Workload
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
-from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
 from lightning_speedups.benchmarks.batch_size import background_load
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
-from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.functional.batch_size import BatchSizeSearchResult
 from lightning_speedups.functional.batch_size.records import per_sample_time
 from lightning_speedups.measure import machine_info
@@ -302,7 +302,7 @@ def format_summary(summary: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lightning_speedups.benchmarks.batch_size_suite``: run it and print the table."""
+    """``python -m benchmarks.batch_size_suite``: run it and print the table."""
     import argparse
 
     parser = argparse.ArgumentParser(description="The batch-size finder's choice on every workload vs a sweep.")

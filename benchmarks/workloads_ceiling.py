@@ -17,7 +17,7 @@ a doubled batch gain its per-sample speed (optimistic: it assumes the doubled ba
 change how many steps the run needs (EMA, schedules, the learning rate) are not candidates here: the suite showed them
 slowing held-out tasks (docs/evidence.md, Workloads).
 
-Run: ``python -m lightning_speedups.benchmarks.workloads_ceiling --json docs/_data/workloads_ceiling.json [--tasks
+Run: ``python -m benchmarks.workloads_ceiling --json docs/_data/workloads_ceiling.json [--tasks
 a,b] [--baselines docs/_data] [--rounds 9]``. Timing: nothing else may run on the machine meanwhile.
 """
 
@@ -36,15 +36,15 @@ from typing import Any
 import lightning as L
 import torch
 
+from benchmarks._rows import comma_list, read_rows, write_rows
+from benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
+from benchmarks.workloads._registry import Workload
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_int
 from lightning_speedups._inputs import first_batch, flat_tensors
 from lightning_speedups._peak import cpu_bf16_units
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.autotune.trials import TrialContext, make_step
 from lightning_speedups.autotune.tune import planned_steps
-from lightning_speedups.benchmarks._common import comma_list, read_rows, write_rows
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, trainer_kwargs
-from lightning_speedups.benchmarks.workloads._registry import Workload
 from lightning_speedups.measure import machine_info, median_interval
 from lightning_speedups.measure.models import model_copy
 from lightning_speedups.measure.timing import interleaved_timings
@@ -384,7 +384,7 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lightning_speedups.benchmarks.workloads_ceiling``: measure and print the table."""
+    """``python -m benchmarks.workloads_ceiling``: measure and print the table."""
     import argparse
 
     parser = argparse.ArgumentParser(description="The most autotune's candidates could gain per workload (an oracle).")

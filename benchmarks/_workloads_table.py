@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads
+from benchmarks.workloads import get_workload, list_workloads
 from lightning_speedups.measure import median
 
 __all__ = [

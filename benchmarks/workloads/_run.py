@@ -9,8 +9,8 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
+from benchmarks.workloads._registry import Workload, trainer_kwargs
 from lightning_speedups._errors import check_bool, check_int
-from lightning_speedups.benchmarks.workloads._registry import Workload, trainer_kwargs
 
 __all__ = ["TargetClock", "time_to_target"]
 
@@ -92,7 +92,7 @@ def time_to_target(
     Example::
 
         >>> from dataclasses import replace
-        >>> from lightning_speedups.benchmarks.workloads import get_workload
+        >>> from benchmarks.workloads import get_workload
         >>> w = replace(get_workload("tabular_mlp"), target=2.0)  # accuracy never reaches 2
         >>> out = time_to_target(w, trainer_overrides={"max_steps": 3, "val_check_interval": 3}, small=True)
         >>> out["time_to_target_s"] is None, out["steps"]

@@ -2,7 +2,7 @@
 
 Per task, per seed, per method (interleaved, the order rotated from seed to seed, so machine noise and drift reach
 every method alike) one run of the workload's
-planned length (:func:`~lightning_speedups.benchmarks.workloads.time_to_target`, validation not counted), recorded
+planned length (:func:`~benchmarks.workloads.time_to_target`, validation not counted), recorded
 as one row and written at once to the JSON file (the whole list rewritten atomically after every row): an
 interrupted run keeps what it measured, and a re-run with the same file skips the ``(task, method, seed)`` rows it
 holds.
@@ -16,7 +16,7 @@ Methods:
 * ``autotune_first``: :func:`~lightning_speedups.autotune.autotune` with an empty cache (its trials run), then
   ``plan.apply`` and a run with the plan's callbacks, Trainer arguments and data.
 * ``autotune_cached``: the same with the cache the first run filled, so the trials are skipped.
-* ``advisor_top``: the advisor's top finding applied (:mod:`~lightning_speedups.benchmarks._workloads_advisor`): the
+* ``advisor_top``: the advisor's top finding applied (:mod:`~benchmarks._workloads_advisor`): the
   check that its first fix does not slow a task down. The advisor's own run is in the notes, not the time.
 
 What a method spends before the fit (the recipe's probe, autotune's trials or cache read, ``plan.apply``; wall
@@ -26,12 +26,11 @@ its own setup). ``quality`` is the metric at the end of
 the planned run (not the best value, not the value at the target crossing), so a method that reaches the target
 sooner but ends worse shows it.
 
-Run: ``python -m lightning_speedups.benchmarks.workloads_bench --json docs/_data/workloads.json [--tasks a,b]
-[--methods baseline,autotune_first] [--seeds 0,1,2] [--no-bf16] [--quick]``, or
-``lightning-speedups bench --only workloads [--quick]``. Every run trains the planned length (the quality at the end
-is part of the result), so the full suite (15 tasks x 3 seeds x the 3 methods that apply to plain modules) takes
-about two and a half hours on 2 quiet CPU cores, most of it the GPT, the sequence classifier and the two 32 px
-image networks; ``--quick`` about a minute.
+Run from the repository's root: ``python -m benchmarks.workloads_bench --json docs/_data/workloads.json
+[--tasks a,b] [--methods baseline,autotune_first] [--seeds 0,1,2] [--no-bf16] [--quick]``. Every run trains the
+planned length (the quality at the end is part of the result), so the full suite (15 tasks x 3 seeds x the 3 methods
+that apply to plain modules) takes about two and a half hours on 2 quiet CPU cores, most of it the GPT, the sequence
+classifier and the two 32 px image networks; ``--quick`` about a minute.
 """
 
 from __future__ import annotations
@@ -49,13 +48,14 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
+from benchmarks._rows import comma_list, read_rows, write_rows
+from benchmarks._workloads_advisor import FIXES, advisor_findings, fix_for
+from benchmarks._workloads_table import format_gain_checks, format_summary, gain_checks, summarize
+from benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
+from benchmarks.workloads._registry import Workload
 from lightning_speedups._errors import SpeedupConfigError, check_bool, check_choice, check_int
 from lightning_speedups.autotune import autotune
-from lightning_speedups.benchmarks._common import BenchRow, comma_list, read_rows, write_rows
-from lightning_speedups.benchmarks._workloads_advisor import FIXES, advisor_findings, fix_for
-from lightning_speedups.benchmarks._workloads_table import format_gain_checks, format_summary, gain_checks, summarize
-from lightning_speedups.benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
-from lightning_speedups.benchmarks.workloads._registry import Workload
+from lightning_speedups.benchmarks._common import BenchRow
 from lightning_speedups.measure import machine_info
 from lightning_speedups.optim import SpeedupMixin
 from lightning_speedups.recipes import fast_train
@@ -415,7 +415,8 @@ def run(
     json_path: str | None = None,
     echo: bool = True,
 ) -> list[BenchRow]:
-    """The workload suite (each method vs the plain baseline, medians over seeds) as the bench runner's rows.
+    """The workload suite (each method vs the plain baseline, medians over seeds) as :class:`BenchRow` s, the rows
+    ``lightning-speedups bench`` prints (``runner.format_table(run())``, ``runner.write_json``).
 
     ``quick``: :data:`QUICK_TASKS`, one seed, small builds (a smoke test of the plumbing, about a minute).
     """
@@ -458,7 +459,7 @@ def _nan(value: float | None) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lightning_speedups.benchmarks.workloads_bench``: run the suite, print the summary as markdown."""
+    """``python -m benchmarks.workloads_bench``: run the suite, print the summary as markdown."""
     import argparse
 
     parser = argparse.ArgumentParser(description="The workload suite: baseline vs fast_train and autotune.")

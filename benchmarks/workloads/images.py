@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from lightning_speedups.benchmarks.workloads._registry import Workload, register_workload
+from benchmarks.workloads._registry import Workload, register_workload
 from lightning_speedups.demo import DigitsDataModule, ShapesDataModule
 from lightning_speedups.demo.data import _TransformDataset  # the demo's per-sample dataset, as benchmarks/data.py uses
 

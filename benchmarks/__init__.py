@@ -1,0 +1,1 @@
+"""The project's own evidence harness (the workload suite, sweeps, grids): run from a clone, never installed."""
