@@ -17,8 +17,10 @@ Example::
 from benchmarks.workloads import (  # noqa: F401  (registration)
     audio,
     denoising,
+    graph,
     images,
     localization,
+    recsys,
     segmentation,
     signals,
     tabular,

@@ -37,6 +37,8 @@ KINDS = (
     "tabular",
     "signal_cnn",
     "audio_cnn",
+    "graph_gnn",
+    "recsys_embedding",
 )
 SPLITS = ("dev", "held_out")
 MODES = ("max", "min")
