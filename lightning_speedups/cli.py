@@ -162,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--apply-flags", action="store_true", help="also set TF32/cuDNN flags in this process")
     info.set_defaults(func=_cmd_info)
     bench = sub.add_parser("bench", help="baseline vs each technique on the demo task, interleaved, as ratios")
-    bench.add_argument("--quick", action="store_true", help="small sizes: about a minute or two on 2 CPU cores")
+    bench.add_argument(
+        "--quick", action="store_true", help="small sizes: about two and a half minutes on 2 idle CPU cores"
+    )
     bench.add_argument("--json", metavar="PATH", help="write the results as JSON")
     bench.add_argument(
         "--markdown",
