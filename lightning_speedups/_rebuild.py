@@ -29,7 +29,19 @@ from torch import nn
 from lightning_speedups._compat import ddp_wrap_again, init_optimizers_and_schedulers
 from lightning_speedups._errors import SpeedupConfigError, SpeedupRuntimeError
 
-__all__ = ["ParamOrigin", "clone_optimizer", "init_arguments", "rebuild_optimizers", "rewrap_ddp", "slice_state_tensor"]
+__all__ = [
+    "KERNELS",
+    "ParamOrigin",
+    "clone_optimizer",
+    "init_arguments",
+    "rebuild_optimizers",
+    "rewrap_ddp",
+    "slice_state_tensor",
+    "with_implementation",
+]
+
+# torch's optimizer kernels beside the default for-loop one, as the constructors name them
+KERNELS = ("fused", "foreach")
 
 # A new parameter's origin: the old parameter it was sliced from and, per dimension, the kept indices (sorted).
 ParamOrigin = tuple[torch.Tensor, dict[int, torch.Tensor]]
@@ -239,3 +251,21 @@ def rebuild_optimizers(
     strategy.optimizers = new_optimizers  # also re-creates the LightningOptimizer wrappers
     strategy.lr_scheduler_configs = new_configs
     return {"carried": carried, "reset": reset, "ddp_rewrapped": int(rewrapped)}
+
+
+def with_implementation(optimizer: torch.optim.Optimizer, implementation: str | None) -> torch.optim.Optimizer:
+    """``optimizer``'s class re-created on the same param groups and defaults with ``fused=True`` or
+    ``foreach=True``; ``optimizer`` itself when ``implementation`` is neither or the class does not accept it."""
+    if implementation not in KERNELS:
+        return optimizer
+    accepted = init_arguments(type(optimizer))
+    if accepted is not None and implementation not in accepted:
+        return optimizer
+    kernel = {k: True if k == implementation else None for k in KERNELS if accepted is None or k in accepted}
+    # defaults the constructor derives itself (AdamW's decoupled_weight_decay) are not arguments: it sets them again
+    defaults = {k: v for k, v in optimizer.defaults.items() if k not in KERNELS and (accepted is None or k in accepted)}
+    groups = [{k: v for k, v in g.items() if k not in KERNELS} for g in optimizer.param_groups]
+    try:
+        return type(optimizer)(groups, **{**defaults, **kernel})
+    except (RuntimeError, TypeError, ValueError):  # no such kernel for this class, its dtype or its device
+        return optimizer

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, SubsetRandomSampler
 from lightning_speedups.autotune import autotune, trials
 from lightning_speedups.autotune.optim import trial_optimizer, with_implementation
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
+from lightning_speedups.callbacks.optimizer_kernel import OptimizerKernel
 from lightning_speedups.demo import DemoClassifier
 from tests.test_autotune import FakeMachine, _loader, _patched
 
@@ -138,12 +139,13 @@ def test_a_configure_optimizers_sized_by_the_planned_run_is_timed_as_written(mon
         copy.trainer  # noqa: B018  (detached again after the call)
 
 
-def test_the_kernel_is_not_offered_to_a_plain_module(monkeypatch):
-    # apply() cannot change a plain module's own configure_optimizers: the plan must not list a kernel it won't set
+def test_the_kernel_is_offered_to_a_plain_module_and_set_at_the_fits_start(monkeypatch):
+    # issue 50: the plan declined a plain module's own optimizer ("builds its own optimizer, which the plan does not
+    # rewrite"); it now times the kernel on that optimizer and sets it through OptimizerKernel
     machine = FakeMachine({"optimizer_only": 0.3, "fused": 0.7})
     _patched(monkeypatch, machine)
     plan = autotune(
-        Plain("adam"),
+        Plain("dict"),
         _loader(),
         candidates=["optimizer"],
         methods=[],
@@ -152,13 +154,19 @@ def test_the_kernel_is_not_offered_to_a_plain_module(monkeypatch):
         budget_s=2000.0,
         max_epochs=1,
     )
-    assert plan.choices == [] and "implementation" not in plan.settings
-    reasons = plan.explain(width=None)
-    assert "fused/foreach optimizer not tried: `Plain.configure_optimizers` builds its own optimizer" in reasons
-    assert "fused=True" in reasons and not re.search(r"optimizer +fused", plan.to_text())
-    model = Plain("adam")
+    assert plan.settings["implementation"] == "fused" and re.search(r"optimizer +fused", plan.to_text())
+    (kernel,) = [cb for cb in plan.callbacks if isinstance(cb, OptimizerKernel)]
+    model = Plain("dict")
     plan.apply(model)
     assert not any("not applied" in n for n in plan.notes)
+    assert [cb for cb in plan.callbacks if isinstance(cb, OptimizerKernel)] == [kernel]  # apply adds no second one
+    trainer = L.Trainer(
+        callbacks=plan.callbacks, max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    trainer.fit(model, _loader())
+    (opt,) = trainer.optimizers
+    assert type(opt) is torch.optim.SGD and all(g["fused"] for g in opt.param_groups)
+    assert trainer.lr_scheduler_configs[0].scheduler.optimizer is opt and kernel.replaced == ["SGD"]
 
 
 def test_apply_rebuilds_a_plain_dataloader_at_the_planned_batch(monkeypatch):

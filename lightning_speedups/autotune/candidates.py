@@ -186,18 +186,6 @@ def _optimizer_share(ctx: TrialContext) -> float:
     return result.medians["alone"] / max(result.medians["full"], 1e-12)
 
 
-def _optimizer_blocker(ctx: TrialContext) -> str | None:
-    from lightning_speedups.optim import SpeedupMixin
-
-    if isinstance(ctx.model, SpeedupMixin):  # the plan sets SpeedupMixin's optimizer_config, never user code
-        return None
-    return (
-        f"fused/foreach optimizer not tried: `{type(ctx.model).__name__}.configure_optimizers` builds "
-        "its own optimizer, which the plan does not rewrite. HINT: pass fused=True (or foreach=True) "
-        "to the optimizer there, or use SpeedupMixin, whose `optimizer_config` the plan sets"
-    )
-
-
 def _optimizer(ctx: TrialContext, share: float) -> Choice | None:
     # Amdahl first: a faster optimizer kernel saves at most the optimizer's share of a step. Where that share is too
     # small for the margin even at zero cost, the comparison, which would need many rounds to separate a gain that
@@ -335,6 +323,6 @@ for _name, _trial, _steps, _blocker in (
     # the gradients of the batches that measure the noise scale (about a step each)
     ("batch_size", _batch_size, 4 + 4 * MIN_ROUNDS + NOISE_SCALE_BATCHES, _batch_size_blocker),
     # the least: the check of the optimizer's share of a step
-    ("optimizer", _optimizer, COMPARISON_STEPS, _optimizer_blocker),
+    ("optimizer", _optimizer, COMPARISON_STEPS, None),
 ):
     register_candidate(_name, _trial, steps=_steps, blocker=_blocker)

@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_speedups._rebuild import init_arguments
+from lightning_speedups._rebuild import with_implementation
 
 __all__ = [
     "PlannedRun",
@@ -27,8 +27,6 @@ __all__ = [
     "trial_optimizer",
     "with_implementation",
 ]
-
-_KERNEL_KEYS = ("fused", "foreach")
 
 
 def returns_scheduler(conf: Any) -> bool:
@@ -173,23 +171,3 @@ def trial_optimizer(
     if not found:
         return None, f"`configure_optimizers` returned no optimizer ({type(conf).__name__})"
     return found[0], None
-
-
-def with_implementation(optimizer: torch.optim.Optimizer, implementation: str | None) -> torch.optim.Optimizer:
-    """``optimizer``'s class re-created on the same param groups and defaults with ``fused=True`` or
-    ``foreach=True``; ``optimizer`` itself when ``implementation`` is neither or the class does not accept it."""
-    if implementation not in _KERNEL_KEYS:
-        return optimizer
-    accepted = init_arguments(type(optimizer))
-    if accepted is not None and implementation not in accepted:
-        return optimizer
-    kernel = {k: True if k == implementation else None for k in _KERNEL_KEYS if accepted is None or k in accepted}
-    # defaults the constructor derives itself (AdamW's decoupled_weight_decay) are not arguments: it sets them again
-    defaults = {
-        k: v for k, v in optimizer.defaults.items() if k not in _KERNEL_KEYS and (accepted is None or k in accepted)
-    }
-    groups = [{k: v for k, v in g.items() if k not in _KERNEL_KEYS} for g in optimizer.param_groups]
-    try:
-        return type(optimizer)(groups, **{**defaults, **kernel})
-    except (RuntimeError, TypeError, ValueError):  # no such kernel for this class, its dtype or its device
-        return optimizer

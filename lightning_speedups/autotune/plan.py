@@ -17,6 +17,7 @@ from lightning_speedups.autotune.methods import method_callbacks
 from lightning_speedups.autotune.trials import Choice
 from lightning_speedups.callbacks.batch_size.loaders import fit_loader_problem, rebuild_loader
 from lightning_speedups.callbacks.fast_schedule import FastSchedule
+from lightning_speedups.callbacks.optimizer_kernel import OptimizerKernel
 from lightning_speedups.optim import SpeedupMixin, scale_lr
 from lightning_speedups.optim.lr_scaling import auto_lr_rule_for_name
 
@@ -85,8 +86,10 @@ class TunePlan:
         :class:`SpeedupMixin` model's lr follows by its optimizer's rule (square root for Adam-type, linear for SGD;
         a config with its own ``lr_scaling`` follows the batch it is built with); a plain module's follows through
         the schedule method's peak. When the batch cannot be set, nothing is scaled and a note says why. The fused /
-        foreach kernel is set on a SpeedupMixin model's ``optimizer_config``; autotune does not try it for a plain
-        module, whose own ``configure_optimizers`` builds the optimizer. Call it once, before the fit.
+        foreach kernel is set on a SpeedupMixin model's ``optimizer_config``; a plain module, whose own
+        ``configure_optimizers`` builds the optimizer, gets it from the plan's
+        :class:`~lightning_speedups.callbacks.optimizer_kernel.OptimizerKernel` at the fit's start. Call it once,
+        before the fit.
 
         When ``datamodule`` is the DataModule autotune read (it ran its ``setup("fit")`` to get batches) and the fit
         uses it, the fit's first ``setup("fit")`` is skipped, so the user's setup does not run twice: what it
@@ -108,8 +111,8 @@ class TunePlan:
                 model.optimizer_config = dataclasses.replace(cfg, lr=scale_lr(cfg.lr, old * scale, old, rule))
         if impl and isinstance(model, SpeedupMixin):
             model.optimizer_config = dataclasses.replace(model.optimizer_config, implementation=impl)
-        elif impl:
-            self.notes.append(f"optimizer {impl!r} not applied: the model's own configure_optimizers owns it")
+        elif impl and not any(isinstance(cb, OptimizerKernel) for cb in self.callbacks):
+            self.callbacks.append(OptimizerKernel(impl))  # a plan built without the model: its optimizer is its own
         if self.reuses_setup(datamodule):
             datamodule.setup = _SetUpOnce(datamodule)
             self.notes.append(f"{type(datamodule).__name__}.setup('fit') already ran for autotune: the fit reuses it")
@@ -342,9 +345,8 @@ def build_plan(
         callbacks.append(TorchCompile())
     notes: list[str] = []
     if settings.get("implementation") and model is not None and not isinstance(model, SpeedupMixin):
-        settings.pop("implementation")  # a plan cached before plain modules were left out of the kernel trial
-        choices = [c for c in choices if c.name != "optimizer"]
-        notes.append(f"optimizer kernel not applied: `{type(model).__name__}.configure_optimizers` builds its own")
+        # the module's own configure_optimizers builds its optimizer: the kernel is set at the fit's start
+        callbacks.append(OptimizerKernel(settings["implementation"]))
     callbacks += method_callbacks(
         settings, trainer_kwargs, notes, model, shape.warmup, shape.base_batch, checked=checked
     )
