@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -60,3 +61,22 @@ def simulated_trials(seed: int, step_time: Callable[[int], float], jitter: float
         return BatchSizeTrial(b, max(b / t for t in times), 0, "ok", times, now[0] - start)
 
     return measure, lambda: now[0]
+
+
+class RankReport(L.Callback):
+    """At the end of training, write ``rank{N}.json`` in ``path``: the parameters' checksum and each of ``fields``
+    (a name and a function of the trainer, defined at module level so that ``ddp_spawn`` can pickle it)."""
+
+    def __init__(self, path: Path, **fields: Callable[[L.Trainer], Any]) -> None:
+        self.path = path
+        self.fields = fields
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        report = {name: field(trainer) for name, field in self.fields.items()}
+        report["checksum"] = float(sum(p.detach().double().sum() for p in pl_module.parameters()))
+        (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+    @staticmethod
+    def read(path: Path, ranks: int = 2) -> list[dict[str, Any]]:
+        """The reports of ``ranks`` ranks, in rank order."""
+        return [json.loads((path / f"rank{rank}.json").read_text()) for rank in range(ranks)]

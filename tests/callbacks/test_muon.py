@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import lightning as L
@@ -17,7 +16,7 @@ from lightning_speedups.callbacks.fast_schedule import FastSchedule
 from lightning_speedups.callbacks.muon import Muon
 from lightning_speedups.optim.muon import MuonWithAdamW
 from tests.fsdp_cpu import CPUFSDPStrategy
-from tests.helpers import quiet_trainer
+from tests.helpers import RankReport, quiet_trainer
 from tests.optim.test_muon import VOCAB, TinyGPT, _tokens
 
 
@@ -138,22 +137,15 @@ def test_muon_callback_resume_equals_uninterrupted(tmp_path) -> None:
         torch.testing.assert_close(b, a, msg=key)
 
 
-class _ReportRank(L.Callback):
-    def __init__(self, path: Any) -> None:
-        self.path = path
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        report = {
-            "hybrid": isinstance(trainer.optimizers[0], MuonWithAdamW),
-            "checksum": float(sum(p.detach().double().sum() for p in pl_module.parameters())),
-        }
-        (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+def _hybrid(trainer: L.Trainer) -> bool:
+    return isinstance(trainer.optimizers[0], MuonWithAdamW)
 
 
 @pytest.mark.ddp
 def test_muon_callback_ddp(tmp_path) -> None:
-    trainer = quiet_trainer(max_steps=4, devices=2, strategy="ddp_spawn", callbacks=[Muon(), _ReportRank(tmp_path)])
+    callbacks = [Muon(), RankReport(tmp_path, hybrid=_hybrid)]
+    trainer = quiet_trainer(max_steps=4, devices=2, strategy="ddp_spawn", callbacks=callbacks)
     trainer.fit(_module(steps=4), _tokens(64))
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = RankReport.read(tmp_path)
     assert all(r["hybrid"] for r in reports)
     assert reports[0]["checksum"] == pytest.approx(reports[1]["checksum"], rel=1e-9)

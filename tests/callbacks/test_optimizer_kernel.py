@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import lightning as L
@@ -15,7 +14,7 @@ from lightning_speedups._errors import SpeedupConfigError
 from lightning_speedups.callbacks.optimizer_kernel import OptimizerKernel
 from tests.callbacks.test_muon import PlainGPT, _module
 from tests.fsdp_cpu import CPUFSDPStrategy
-from tests.helpers import quiet_trainer
+from tests.helpers import RankReport, quiet_trainer
 from tests.optim.test_muon import _tokens
 
 
@@ -90,23 +89,15 @@ def test_resume_mid_fit_equals_uninterrupted(tmp_path) -> None:
         torch.testing.assert_close(b, a, msg=key)
 
 
-class _ReportRank(L.Callback):
-    def __init__(self, path: Any) -> None:
-        self.path = path
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        report = {
-            "fused": all(g["fused"] for g in trainer.optimizers[0].param_groups),
-            "checksum": float(sum(p.detach().double().sum() for p in pl_module.parameters())),
-        }
-        (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+def _fused(trainer: L.Trainer) -> bool:
+    return all(group["fused"] for group in trainer.optimizers[0].param_groups)
 
 
 @pytest.mark.ddp
 def test_ddp(tmp_path) -> None:
-    callbacks = [OptimizerKernel(), _ReportRank(tmp_path)]
+    callbacks = [OptimizerKernel(), RankReport(tmp_path, fused=_fused)]
     trainer = quiet_trainer(max_steps=4, devices=2, strategy="ddp_spawn", callbacks=callbacks)
     trainer.fit(_module(steps=4), _tokens(64))
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = RankReport.read(tmp_path)
     assert all(r["fused"] for r in reports)
     assert reports[0]["checksum"] == pytest.approx(reports[1]["checksum"], rel=1e-9)
