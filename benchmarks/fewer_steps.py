@@ -76,7 +76,7 @@ __all__ = [
 METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd", "race")
 # OptimizerRace's arguments for the "race" method (``--race-arms``, ``--race-min-steps``; default: its defaults)
 RACE_KWARGS: dict[str, Any] = {}
-LR_GRID_JSON = Path(__file__).resolve().parents[2] / "docs" / "_data" / "lr_grid.json"
+LR_GRID_JSON = Path(__file__).resolve().parents[1] / "docs" / "_data" / "lr_grid.json"
 ROW_KEYS = (
     "task",
     "split",
