@@ -17,7 +17,7 @@ from lightning_speedups.callbacks.muon import Muon
 from lightning_speedups.optim.muon import MuonWithAdamW
 from tests.fsdp_cpu import CPUFSDPStrategy
 from tests.helpers import RankReport, quiet_trainer
-from tests.optim.test_muon import VOCAB, TinyGPT, _tokens
+from tests.optim.test_muon import VOCAB, TinyGPT, _hybrid, _tokens
 
 
 class PlainGPT(L.LightningModule):
@@ -135,10 +135,6 @@ def test_muon_callback_resume_equals_uninterrupted(tmp_path) -> None:
     resumed = fit(str(tmp_path / "step=3.ckpt"))
     for (key, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=key)
-
-
-def _hybrid(trainer: L.Trainer) -> bool:
-    return isinstance(trainer.optimizers[0], MuonWithAdamW)
 
 
 @pytest.mark.ddp

@@ -9,7 +9,6 @@ optimizer (schedulers, ``lr_mult`` groups, clipping, accumulation, fine-tuning g
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import lightning as L
@@ -26,7 +25,7 @@ from lightning_speedups.callbacks.pruning import Pruning
 from lightning_speedups.optim import OptimizerConfig, SchedulerConfig, SpeedupMixin, create_optimizer
 from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer, muon_param_groups
 from tests.fsdp_cpu import CPUFSDPStrategy
-from tests.helpers import quiet_trainer
+from tests.helpers import RankReport, quiet_trainer
 
 VOCAB = 64
 BLOCK = 16
@@ -375,24 +374,16 @@ def test_muon_refuses_a_sharded_strategy_before_any_step() -> None:
         model.configure_optimizers()
 
 
-class _ReportRank(L.Callback):
-    def __init__(self, path: Any) -> None:
-        self.path = path
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        (optimizer,) = trainer.optimizers
-        report = {
-            "hybrid": isinstance(optimizer, MuonWithAdamW),
-            "checksum": float(sum(p.detach().double().sum() for p in pl_module.parameters())),
-        }
-        (self.path / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+def _hybrid(trainer: L.Trainer) -> bool:
+    return isinstance(trainer.optimizers[0], MuonWithAdamW)
 
 
 @pytest.mark.ddp
 def test_muon_ddp_ranks_agree(tmp_path) -> None:
     model = _gpt()
-    trainer = quiet_trainer(max_steps=4, devices=2, strategy="ddp_spawn", callbacks=[_ReportRank(tmp_path)])
+    callbacks = [RankReport(tmp_path, hybrid=_hybrid)]
+    trainer = quiet_trainer(max_steps=4, devices=2, strategy="ddp_spawn", callbacks=callbacks)
     trainer.fit(model, _tokens(64))
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = RankReport.read(tmp_path)
     assert all(r["hybrid"] for r in reports)
     assert reports[0]["checksum"] == pytest.approx(reports[1]["checksum"], rel=1e-9)
