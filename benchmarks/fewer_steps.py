@@ -10,7 +10,11 @@ Per task, seed and learning-rate factor the planned run of the workload
 - ``schedule_free_adamw``: ``AdamWScheduleFree`` at the task's lr, betas and weight decay, evaluated at its average
   (:class:`~lightning_speedups.ScheduleFreeSwitch`); the task's own schedule is dropped (schedule-free takes none);
 - ``wsd``: the task's optimizer under ``FastSchedule(decay="wsd", peak_factor=1)`` (5% warm-up, constant, a cool-down
-  over the last 20%), on tasks whose module returns no schedule of its own.
+  over the last 20%), on tasks whose module returns no schedule of its own;
+- ``race``: :class:`~lightning_speedups.callbacks.optimizer_race.OptimizerRace` from the task's own optimizer, its
+  arms scored on the training loss (``monitor="loss"``);
+- ``race_metric``: the same race scored on the task's validation metric in its direction, as where the fit's
+  ``ModelCheckpoint`` or ``EarlyStopping`` monitors it.
 
 The factors are 1 (the task's own lr) and the best factor of the LR grid for the task (``docs/_data/lr_grid.json``:
 the task's own optimizer at 0.1x-10x its lr, best final quality), each applied to every method through ``model.lr``.
@@ -73,7 +77,10 @@ __all__ = [
     "transformer_median",
 ]
 
-METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd", "race")
+METHODS = ("own", "muon", "muon_conv", "schedule_free_adamw", "wsd", "race", "race_metric")
+# the methods that race the optimization in the fit: on the training loss, and on the task's validation metric (as
+# where the fit's ModelCheckpoint or EarlyStopping monitors it)
+RACES = ("race", "race_metric")
 # OptimizerRace's arguments for the "race" method (``--race-arms``, ``--race-min-steps``; default: its defaults)
 RACE_KWARGS: dict[str, Any] = {}
 LR_GRID_JSON = Path(__file__).resolve().parents[1] / "docs" / "_data" / "lr_grid.json"
@@ -137,7 +144,7 @@ def _not_applicable(task: str, method: str) -> str | None:
     return _applies(method, model)
 
 
-def _callbacks(method: str, no_bf16: bool) -> list[Callback]:
+def _callbacks(method: str, no_bf16: bool, metric: str, mode: str) -> list[Callback]:
     ns = {"ns_dtype": "float32"} if no_bf16 else {}
     if method == "muon":
         return [Muon(**ns)]
@@ -148,7 +155,9 @@ def _callbacks(method: str, no_bf16: bool) -> list[Callback]:
     if method == "wsd":
         return [FastSchedule(warmup=0.05, peak_factor=1.0, decay="wsd", decay_fraction=0.2)]
     if method == "race":
-        return [OptimizerRace(**RACE_KWARGS)]
+        return [OptimizerRace(**{"monitor": "loss", **RACE_KWARGS})]
+    if method == "race_metric":
+        return [OptimizerRace(**{"monitor": metric, "mode": mode, **RACE_KWARGS})]
     return []
 
 
@@ -222,7 +231,7 @@ def _measure(task: str, seed: int, method: str, factor: float, no_bf16: bool, qu
         row["notes"] = f"not applicable: {reason}"
         return row
     seen: dict[str, float] = {}
-    callbacks = _callbacks(method, no_bf16)
+    callbacks = _callbacks(method, no_bf16, w.metric, w.mode)
     try:
         result = time_to_target(
             with_lr(w, factor, seen),
@@ -280,7 +289,7 @@ def run(
             r["task"] == task and r["method"].startswith("step_time:") and r["no_bf16"] == no_bf16 for r in rows
         )
         if timings and not quick and not timed:
-            for method, seconds in step_times(task, [m for m in methods if m != "race"], no_bf16).items():
+            for method, seconds in step_times(task, [m for m in methods if m not in RACES], no_bf16).items():
                 row = {**dict.fromkeys(ROW_KEYS), "task": task, "method": f"step_time:{method}", "no_bf16": no_bf16}
                 row.update(step_s=seconds, machine=machine)
                 rows.append(row)
@@ -291,7 +300,7 @@ def run(
             order = list(methods[seed % len(methods) :]) + list(methods[: seed % len(methods)])
             for factor in factors:
                 for method in order:
-                    if (task, seed, method, factor, no_bf16) in done or (method == "race" and factor != 1.0):
+                    if (task, seed, method, factor, no_bf16) in done or (method in RACES and factor != 1.0):
                         continue  # the race tries other rates itself: it starts from the module's own
                     try:
                         row = _measure(task, seed, method, factor, no_bf16, quick)
@@ -337,7 +346,7 @@ def _race_steps(r: dict[str, Any], step_s: dict[tuple[Any, ...], float], task: s
     """A run's steps to the target (its whole run where not reached); for a race, in the module's own steps: its
     cost added, and the steps after the race at the winner's price (a Muon step costs more than an AdamW one)."""
     steps = r["steps_to_target"] if r["steps_to_target"] is not None else r["steps"]
-    if r["method"] != "race":
+    if r["method"] not in RACES:
         return steps
     own = step_s.get((task, no_bf16, "own"))
     # the winning arm's kind ("own", "muon", "schedule_free_adamw") is the method whose step it trains with
@@ -367,7 +376,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         per: dict[str, dict[str, Any]] = {}
         plain: float | None = None  # the task's own optimizer at its own lr: what a user starts from
         for method in METHODS:
-            price = step_s.get((task, no_bf16, "own" if method in ("wsd", "race") else method))
+            price = step_s.get((task, no_bf16, "own" if method in ("wsd", *RACES) else method))
             cells = []
             for factor in sorted({r["lr_factor"] for r in task_rows if r["method"] == method}):
                 runs = [r for r in task_rows if r["method"] == method and r["lr_factor"] == factor]
@@ -439,8 +448,9 @@ def format_markdown(cells: list[dict[str, Any]]) -> str:
         "batch (timed), or the runs' wall time where no step was timed (wall); a run that never reached the target "
         "counts its whole run. Best factor per method (x1: the task's lr; the other: the LR grid's best for the "
         "task's own optimizer). vs own: the task's own optimizer's time at its best factor over this one's; vs "
-        "plain: at its own lr (x1), what a user starts from. race: OptimizerRace from the task's own optimizer at x1, "
-        "its steps counted in the module's steps (its cost added, the steps after it at the winner's step time). "
+        "plain: at its own lr (x1), what a user starts from. race, race_metric: OptimizerRace from the task's own "
+        "optimizer at x1 (scored on the loss, on the task's metric), its steps counted in the module's steps (its "
+        "cost added, the steps after it at the winner's step time). "
         "*: the "
         "steps of the other path's runs (Muon's Newton-Schulz in bf16), priced at this path's step time."
     )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 
 from lightning_speedups import measure
+from lightning_speedups.measure import validation_step_metrics
 
 
 def test_interleaved_timings_order_warmup_and_budget() -> None:
@@ -75,3 +78,31 @@ def test_training_step_loss_reads_the_loss_the_fit_would_and_names_a_step_withou
         measure.training_step_loss(Step(None), x)
     with pytest.raises(TypeError, match="returned a dict without a .loss. tensor"):
         measure.training_step_loss(Step({"logits": 1}), x)
+
+
+def test_validation_step_metrics_reads_what_one_step_logs_and_leaves_the_module_as_it_was() -> None:
+    import lightning as L
+    import torchmetrics
+
+    class Scored(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(3, 2)
+            self.acc = torchmetrics.classification.MulticlassAccuracy(num_classes=2, average="micro")
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            logits = self.net(x)
+            self.acc.update(logits, y)
+            self.log("val_acc", self.acc)
+            self.log_dict({"val_loss": nn.functional.cross_entropy(logits, y), "val_tag": "a", "val_vec": logits})
+
+    module = Scored()
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    logged = validation_step_metrics(module, (x, y))
+    assert set(logged) == {"val_acc", "val_loss"}
+    assert logged["val_acc"] == pytest.approx((module.net(x).argmax(1) == y).float().mean().item())
+    assert logged["val_loss"] == pytest.approx(nn.functional.cross_entropy(module.net(x), y).item())
+    assert "log" not in module.__dict__ and module.log.__func__ is L.LightningModule.log  # the class's own again
+    assert module.acc.update_count == 0  # computed on this step, then reset
+    assert validation_step_metrics(nn.Linear(2, 2), torch.ones(1, 2)) == {}

@@ -21,7 +21,13 @@ from lightning_speedups._peak import PeakEstimate, device_peak_flops, estimate_c
 from lightning_speedups.measure.cache import PlanCache, default_cache_dir, plan_key
 from lightning_speedups.measure.decide import Comparison, Settled, compare, look_rounds, median_interval, settle
 from lightning_speedups.measure.machine import cpu_model, machine_info
-from lightning_speedups.measure.models import NoLossError, make_train_step, model_copy, training_step_loss
+from lightning_speedups.measure.models import (
+    NoLossError,
+    make_train_step,
+    model_copy,
+    training_step_loss,
+    validation_step_metrics,
+)
 from lightning_speedups.measure.ratio import (
     MeasuredRatio,
     conservative_ratio,
@@ -49,6 +55,7 @@ __all__ = [
     "make_train_step",
     "model_copy",
     "training_step_loss",
+    "validation_step_metrics",
     # raw times, medians, the machine
     "cpu_model",
     "interleaved_ratio",

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["NoLossError", "make_train_step", "model_copy", "training_step_loss"]
+__all__ = ["NoLossError", "make_train_step", "model_copy", "training_step_loss", "validation_step_metrics"]
 
 
 def model_copy(module: nn.Module, train: bool | None = None) -> nn.Module:
@@ -71,6 +71,54 @@ def training_step_loss(model: nn.Module, batch: Any, batch_idx: int = 0, *, quie
         what = f"a {type(out).__name__} without a 'loss' tensor" if isinstance(out, Mapping) else type(out).__name__
         raise NoLossError(f"training_step returned {what}, not a loss tensor")
     return loss
+
+
+def validation_step_metrics(model: nn.Module, batch: Any, batch_idx: int = 0) -> dict[str, float]:
+    """What one ``model.validation_step(batch, batch_idx)`` logs outside the Trainer: each name ``self.log`` or
+    ``self.log_dict`` was given, with its value on this batch as a float.
+
+    Meant for a copy (:func:`model_copy`): its ``log`` and ``log_dict`` are replaced for the call, and a torchmetrics
+    ``Metric`` logged as an object is computed on what this step updated, then reset. Values that are not numbers
+    (strings, tensors of more than one element) are left out; a module without ``validation_step`` logs nothing.
+
+    Example::
+
+        >>> class Scored(nn.Linear):
+        ...     def validation_step(self, batch, batch_idx):
+        ...         self.log("val_err", (self(batch) - 1).abs().mean())
+        >>> validation_step_metrics(Scored(2, 1), torch.ones(4, 2)).keys()
+        dict_keys(['val_err'])
+    """
+    step = getattr(model, "validation_step", None)
+    if not callable(step):
+        return {}
+    logged: dict[str, float] = {}
+
+    def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        if callable(getattr(value, "compute", None)) and callable(getattr(value, "reset", None)):
+            metric = value
+            value = metric.compute()
+            metric.reset()
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            logged[name] = float(value)
+
+    def log_dict(values: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
+        for name, value in values.items():
+            log(name, value)
+
+    had = {name: model.__dict__[name] for name in ("log", "log_dict") if name in model.__dict__}
+    model.__dict__.update(log=log, log_dict=log_dict)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step(batch, batch_idx)
+    finally:
+        for name in ("log", "log_dict"):
+            model.__dict__.pop(name, None)
+        model.__dict__.update(had)
+    return logged
 
 
 def _device_type(model: nn.Module, x: Any) -> str:

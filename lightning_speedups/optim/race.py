@@ -148,11 +148,16 @@ class RaceVerdict:
 
 
 def decide(
-    losses: Mapping[str, Sequence[float]], baseline: str, margin: float, removed: Mapping[str, str] | None = None
+    losses: Mapping[str, Sequence[float]],
+    baseline: str,
+    margin: float,
+    removed: Mapping[str, str] | None = None,
+    scored_on: str = "loss",
 ) -> RaceVerdict:
     """The arm whose per-batch loss gap over ``baseline`` clears ``margin`` at the low end of its interval (the best
     median gap among those that do), else ``baseline``. ``losses[name][j]`` is arm ``name``'s loss on held-back
-    batch ``j``; an arm with a non-finite loss is removed.
+    batch ``j`` (any score where lower is better: a metric to maximise comes negated, so the gap stays relative to
+    the baseline's value); an arm with a non-finite loss is removed. ``scored_on`` names the score in the note.
 
     Example::
 
@@ -168,7 +173,7 @@ def decide(
         if name == baseline or name in gone:
             continue
         if not all(math.isfinite(float(v)) for v in values):
-            gone[name] = "its held-back loss is NaN or inf"
+            gone[name] = f"its held-back {scored_on} is NaN or inf"
             continue
         per_batch = [(b - float(v)) / max(abs(b), 1e-12) for b, v in zip(base, values)]
         lo, hi = median_interval(per_batch)
@@ -178,9 +183,11 @@ def decide(
     listed = ", ".join(f"{n} {g[1]:+.1%} [{g[0]:+.1%}, {g[2]:+.1%}]" for n, g in gaps.items())
     dropped = "".join(f"; {n} removed: {why}" for n, why in gone.items())
     if winner == baseline:
-        note = f"kept {baseline}: no arm's loss was lower by {margin:.0%} beyond noise ({listed or 'none scored'})"
+        note = (
+            f"kept {baseline}: no arm's {scored_on} was better by {margin:.0%} beyond noise ({listed or 'none scored'})"
+        )
     else:
-        note = f"chose {winner}: loss gap over {baseline} {listed}"
+        note = f"chose {winner}: {scored_on} gap over {baseline} {listed}"
     return RaceVerdict(winner, gaps, gone, note + dropped)
 
 
@@ -200,6 +207,7 @@ class Race:
         margin: the relative loss gap an arm must clear beyond noise.
         external: arms stepped outside the race (their seconds go to :meth:`step`).
         clock: seconds as a float.
+        scored_on: what the arms' ``evaluate`` returns (lower is better), named in the verdict's note.
     """
 
     arms: dict[str, Arm]
@@ -209,6 +217,7 @@ class Race:
     margin: float = 0.25
     external: frozenset[str] = frozenset()
     clock: Callable[[], float] = time.perf_counter
+    scored_on: str = "loss"
     done: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     taken: dict[str, int] = field(default_factory=dict)
@@ -286,4 +295,4 @@ class Race:
         self.cost_s += self.clock() - start
         if self.baseline not in losses:  # the baseline is the user's run: nothing to compare against
             return RaceVerdict(self.baseline, {}, dict(self.removed), f"kept {self.baseline}: it could not be scored")
-        return decide(losses, self.baseline, self.margin, self.removed)
+        return decide(losses, self.baseline, self.margin, self.removed, self.scored_on)

@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -139,6 +139,46 @@ def test_a_race_the_module_wins_leaves_its_run_as_without_a_race() -> None:
         torch.testing.assert_close(b, a, msg=key)
 
 
+class Travelled(Regression):
+    """Logs, beside its loss, how far its weights moved from where they started (``val_dist``): a metric on which
+    the smaller learning rate scores better and the larger worse, whatever the loss says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("start", torch.nn.utils.parameters_to_vector(self.net.parameters()).detach().clone())
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        super().validation_step(batch, batch_idx)
+        moved = torch.nn.utils.parameters_to_vector(self.net.parameters()) - self.start
+        self.log_dict({"val_dist": moved.norm(), "val_name": 0.0})
+
+
+def _race_on(callbacks: list[Any], **kwargs: Any) -> OptimizerRace:
+    race = OptimizerRace(["own", "own_lr_x3"], max_cost=0.5, margin=0.05, clock=Counter(), **kwargs)
+    L.seed_everything(0, verbose=False)
+    quiet_trainer(max_steps=120, limit_val_batches=2, callbacks=[race, *callbacks]).fit(Travelled(), _data(), _data(64))
+    return race
+
+
+def test_the_arms_are_scored_on_the_monitored_metric_in_its_direction() -> None:
+    by_loss = _race_on([])  # lr 1e-4 is too small: on the loss the 3x rate wins
+    assert by_loss.winner == "own_lr_x3" and "loss gap" in by_loss.note, by_loss.note
+    nearer = _race_on([], monitor="val_dist", mode="min")  # the module's own rate moved the weights less
+    assert nearer.winner == "own" and "no arm's val_dist was better" in nearer.note, nearer.note
+    assert nearer.gaps["own_lr_x3"][2] < 0
+    farther = _race_on([EarlyStopping(monitor="val_dist", mode="max", patience=10**6)])  # the fit's monitor and mode
+    assert farther.winner == "own_lr_x3" and "val_dist gap over own" in farther.note, farther.note
+    assert farther.gaps["own_lr_x3"][0] > 1.0  # about 3x as far: a gap of about +200%
+    named = _race_on([EarlyStopping(monitor="val_dist", mode="max", patience=10**6)], monitor="loss")
+    assert named.winner == "own_lr_x3" and "loss gap" in named.note
+
+
+def test_a_metric_the_validation_step_does_not_log_is_scored_on_the_loss_with_a_note() -> None:
+    race = _race_on([], monitor="val_acc", mode="max")
+    assert race.winner == "own_lr_x3" and "loss gap" in race.note
+    assert "scored on the loss: validation_step logs no 'val_acc' (it logs val_dist, val_loss, val_name)" in race.note
+
+
 def test_a_run_too_short_is_not_raced_and_keeps_its_optimizer() -> None:
     race = OptimizerRace()
     trainer = quiet_trainer(max_steps=20, limit_val_batches=0, callbacks=[race])
@@ -215,6 +255,10 @@ def test_bad_arguments_and_unsupported_fits_are_refused_before_a_step() -> None:
         OptimizerRace("muon")
     with pytest.raises(SpeedupConfigError, match=r"`max_cost`=0"):
         OptimizerRace(max_cost=0)
+    with pytest.raises(SpeedupConfigError, match=r"`monitor`=3 is not a metric name. Allowed values: None, 'loss'"):
+        OptimizerRace(monitor=3)  # type: ignore[arg-type]
+    with pytest.raises(SpeedupConfigError, match=r"`mode`='maximum' is not supported.*'min', 'max'"):
+        OptimizerRace(mode="maximum")
 
     class Manual(Regression):
         def __init__(self) -> None:
