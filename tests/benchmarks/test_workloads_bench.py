@@ -93,6 +93,7 @@ def test_workloads_bench_rows_and_keys(fake: _FakeTrainer, tmp_path) -> None:
     ]
     for r in rows:
         assert tuple(r) == wb.ROW_KEYS
+        assert r["no_bf16"] is (None if r["method"] == "baseline" else False)  # the default path: auto
         assert (r["task"], r["kind"], r["split"], r["metric"], r["steps"]) == ("tiny", "tabular", "dev", "val_acc", 7)
         assert r["machine"]["torch"] and r["quality"] == pytest.approx(0.9 + 0.01 * r["seed"])
     first = rows[1]
@@ -101,6 +102,7 @@ def test_workloads_bench_rows_and_keys(fake: _FakeTrainer, tmp_path) -> None:
     # the cached run reads the first run's cache dir; each seed starts with an empty one
     calls = fake.autotune_calls  # type: ignore[attr-defined]
     assert [c["cached"] for c in calls] == [False, True, False, True]
+    assert [c["no_bf16"] for c in calls] == [False] * 4
     assert calls[0]["cache_dir"] == calls[1]["cache_dir"] != calls[2]["cache_dir"]
     assert calls[0]["kwargs"]["max_epochs"] == 30 and calls[0]["kwargs"]["accelerator"] == "cpu"
     assert fake.calls[1]["overrides"]["precision"] == "32-true"
@@ -224,10 +226,12 @@ def test_workloads_bench_summarize_medians_and_ratios() -> None:
     assert first["mode"] == "min" and first["target"] == 3.0 and first["quality"] == 2.905
     assert does_not_help(first, base) is None  # 0.005 more loss: within 0.01
     assert does_not_help(cached, base) == "target missed"
-    table = wb.format_summary(wb.summarize(_rows(times, quality)))
-    line = next(x for x in table.splitlines() if x.startswith("| gpt_stdlib"))
-    assert "12.0 s [10.0-20.0]" in line and "6.0 s (2/3 reached), 2.00x" in line and "| n/a |" in line
-    assert "autotune_cached: target missed" in line
+    assert (base["path"], first["path"], first["no_bf16"]) == ("-", "auto", False)  # rows without the field
+    lines = wb.format_summary(wb.summarize(_rows(times, quality))).splitlines()
+    assert "| gpt_stdlib | dev | val_loss (min 3) |" in lines  # the registered split now
+    assert "| gpt_stdlib | - | baseline | 12.0 s [10.0-20.0] | - | 2.900 | - |" in lines
+    assert "| gpt_stdlib | auto | autotune_first | 6.0 s (2/3 reached) | 2.00x | 2.905 | - |" in lines
+    assert "| gpt_stdlib | auto | autotune_cached | not reached (1/3) | - | 2.950 | target missed |" in lines
 
 
 def test_workloads_summary_compares_a_one_seed_method_with_that_seed() -> None:
@@ -269,11 +273,17 @@ def test_workloads_bench_run_gives_bench_rows(fake: _FakeTrainer) -> None:
     fake.times = {("autotune_first", 0): 4.0, ("autotune_cached", 0): 5.0}
     rows = wb.run(quick=False, tasks=["tiny"], seeds=(0,), echo=False)
     assert [r.variant for r in rows] == [
-        "autotune_first vs plain baseline (tiny, dev)",
-        "autotune_cached vs plain baseline (tiny, dev)",
+        "autotune_first vs plain baseline (tiny, dev, auto path)",
+        "autotune_cached vs plain baseline (tiny, dev, auto path)",
     ]
     assert rows[1].technique == "workloads" and rows[1].baseline == 10.0 and rows[1].accuracy_candidate == 0.9
     assert rows[1].ratio == pytest.approx(10.0 / rows[1].candidate)
+    both = wb.run(quick=False, tasks=["tiny"], seeds=(0,), echo=False, paths=("auto", "no-bf16"))
+    assert [r.variant for r in both][2:] == [
+        "autotune_first vs plain baseline (tiny, dev, no-bf16 path)",
+        "autotune_cached vs plain baseline (tiny, dev, no-bf16 path)",
+    ]
+    assert both[3].baseline == 10.0  # the path-free baseline row, run once
 
 
 def test_workloads_bench_real_smoke(tmp_path) -> None:
@@ -305,8 +315,8 @@ def test_workloads_bench_gain_checks_per_sample_against_the_same_seed() -> None:
     ]
     assert checks[0]["fit_gain"] == pytest.approx(1.25) and checks[1]["fit_gain"] == pytest.approx(1.25)
     table = format_gain_checks(checks)
-    assert "| t | autotune_first | 1.30x | 1.25x | 1/1 |" in table
-    assert "| t | autotune_cached | 2.00x | 1.25x | 0/1 |" in table
+    assert "| t | auto | autotune_first | 1.30x | 1.25x | 1/1 |" in table
+    assert "| t | auto | autotune_cached | 2.00x | 1.25x | 0/1 |" in table
 
 
 def test_workloads_advisor_fix_for_skips_code_changes_and_measure_first() -> None:
@@ -362,17 +372,235 @@ def test_workloads_bench_precision_trial_and_bf16_rows(fake: _FakeTrainer) -> No
 
 
 def test_workloads_bench_rotates_the_method_order_from_seed_to_seed(fake: _FakeTrainer) -> None:
-    assert wb._rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and wb._rotated(["a", "b", "c"], 3) == ["a", "b", "c"]
-    assert wb._rotated(["baseline", "autotune_first", "autotune_cached"], 2) == [
-        "autotune_first",
-        "baseline",
-        "autotune_cached",
+    abc = [("a", None), ("b", None), ("c", None)]
+    assert wb._rotated(abc, 1) == [("b", None), ("c", None), ("a", None)] and wb._rotated(abc, 3) == abc
+    assert wb._rotated(wb._units(["baseline", "autotune_first", "autotune_cached"], [False]), 2) == [
+        ("autotune_first", False),
+        ("baseline", None),
+        ("autotune_cached", False),
     ]
-    assert wb._rotated(["autotune_first", "autotune_cached", "baseline"], 1) == [
-        "autotune_first",
-        "baseline",
-        "autotune_cached",
+    assert wb._rotated(wb._units(["autotune_first", "autotune_cached", "baseline"], [False]), 1) == [
+        ("autotune_first", False),
+        ("baseline", None),
+        ("autotune_cached", False),
     ]  # the cached run reads the first run's cache
     rows = wb.run_suite(["tiny"], methods=("baseline", "precision_trial", "bf16"), seeds=(0, 1), echo=False)
     order = [(0, "baseline"), (0, "precision_trial"), (0, "bf16"), (1, "precision_trial"), (1, "bf16"), (1, "baseline")]
     assert [(r["seed"], r["method"]) for r in rows] == order
+
+
+def test_workloads_bench_both_paths_in_one_call(fake: _FakeTrainer, tmp_path) -> None:
+    methods = ("baseline", "autotune_first", "autotune_cached")
+    rows = wb.run_suite(
+        ["tiny"], methods=methods, seeds=(0, 1, 2), json_path=tmp_path / "w.json", echo=False, paths=("auto", "no-bf16")
+    )
+    # the baseline once per seed, each autotune method once per path; the rotation moves the first run on by one
+    # per seed, and the third seed's autotune_cached [auto] is swapped behind autotune_first [auto]
+    first, cached = "autotune_first", "autotune_cached"
+    assert [(r["seed"], r["method"], r["no_bf16"]) for r in rows] == [
+        *[(0, "baseline", None), (0, first, False), (0, first, True), (0, cached, False), (0, cached, True)],
+        *[(1, first, False), (1, first, True), (1, cached, False), (1, cached, True), (1, "baseline", None)],
+        *[(2, first, True), (2, first, False), (2, cached, True), (2, "baseline", None), (2, cached, False)],
+    ]
+    assert json.loads((tmp_path / "w.json").read_text()) == json.loads(json.dumps(rows))
+    # each path fills and reads its own cache: no cached run found it empty, and autotune saw the path's no_bf16
+    calls = fake.autotune_calls  # type: ignore[attr-defined]
+    assert [(c["no_bf16"], c["cached"]) for c in calls[:4]] == [
+        (False, False),
+        (True, False),
+        (False, True),
+        (True, True),
+    ]
+    assert calls[0]["cache_dir"] == calls[2]["cache_dir"] != calls[1]["cache_dir"] == calls[3]["cache_dir"]
+    assert not any("filled once" in r["notes"] for r in rows)
+    assert fake.warm_ups == ["tiny"] and len(fake.calls) == 15
+    # precision_trial and bf16 keep bf16 out on the no-bf16 path: rows on the auto path only
+    fake.calls = []
+    rows = wb.run_suite(
+        ["tiny"], methods=("precision_trial", "bf16"), seeds=(0,), echo=False, paths=("auto", "no-bf16")
+    )
+    assert [(r["method"], r["no_bf16"]) for r in rows] == [("precision_trial", False), ("bf16", False)]
+
+
+def test_workloads_bench_rotation_covers_the_paths() -> None:
+    units = wb._units(["baseline", "autotune_first", "autotune_cached"], [False, True])
+    assert units == [
+        ("baseline", None),
+        ("autotune_first", False),
+        ("autotune_first", True),
+        ("autotune_cached", False),
+        ("autotune_cached", True),
+    ]
+    assert [wb._rotated(units, k)[0] for k in range(3)] == [
+        ("baseline", None),
+        ("autotune_first", False),
+        ("autotune_first", True),
+    ]
+    for k in range(len(units)):  # within each path the cached run comes after the first one
+        order = wb._rotated(units, k)
+        assert sorted(order, key=str) == sorted(units, key=str)
+        for no_bf16 in (False, True):
+            assert order.index(("autotune_first", no_bf16)) < order.index(("autotune_cached", no_bf16))
+
+
+def test_workloads_bench_resumes_both_paths_and_an_old_file(fake: _FakeTrainer, tmp_path) -> None:
+    path = tmp_path / "w.json"
+    wb.run_suite(["tiny"], methods=("baseline", "autotune_first"), seeds=(0,), json_path=path, echo=False)
+    old = json.loads(path.read_text())
+    for r in old:  # a file written before the field
+        del r["no_bf16"]
+    path.write_text(json.dumps(old))
+    fake.calls = []
+    rows = wb.run_suite(
+        ["tiny"],
+        methods=("baseline", "autotune_first"),
+        seeds=(0,),
+        json_path=path,
+        echo=False,
+        paths=("auto", "no-bf16"),
+    )
+    # the old rows count as the baseline and autotune_first on the auto path: only the no-bf16 run trains
+    assert len(fake.calls) == 1 and fake.autotune_calls[-1]["no_bf16"] is True  # type: ignore[attr-defined]
+    assert [(r["method"], r.get("no_bf16", "no field")) for r in rows] == [
+        ("baseline", "no field"),
+        ("autotune_first", "no field"),
+        ("autotune_first", True),
+    ]
+    assert len(json.loads(path.read_text())) == 3  # the old rows kept as they were, the new one added
+    # nothing left on either path: no run, no warm-up; the shorthand no_bf16 selects the baseline and no-bf16 rows
+    fake.warm_ups = []
+    rows = wb.run_suite(
+        ["tiny"], methods=("baseline", "autotune_first"), seeds=(0,), json_path=path, no_bf16=True, echo=False
+    )
+    assert len(fake.calls) == 1 and fake.warm_ups == []
+    assert [(r["method"], r.get("no_bf16", "no field")) for r in rows] == [
+        ("baseline", "no field"),
+        ("autotune_first", True),
+    ]
+
+
+def test_workloads_bench_bad_paths(fake: _FakeTrainer, capsys) -> None:
+    with pytest.raises(
+        SpeedupConfigError, match=r"`paths`='fp16' is not supported\. Allowed values: 'auto', 'no-bf16'\."
+    ):
+        wb.run_suite(["tiny"], paths=("auto", "fp16"), echo=False)
+    with pytest.raises(SpeedupConfigError, match=r"`paths`='auto' is not a non-empty sequence of paths"):
+        wb.run_suite(["tiny"], paths="auto", echo=False)
+    with pytest.raises(SpeedupConfigError, match=r"`paths`=\(\) is not a non-empty sequence of paths"):
+        wb.run_suite(["tiny"], paths=(), echo=False)
+    with pytest.raises(SpeedupConfigError, match=r"`no_bf16`=True conflicts with `paths`=\['auto'\]"):
+        wb.run_suite(["tiny"], paths=("auto",), no_bf16=True, echo=False)
+    assert wb.main(["--tasks", "tiny", "--no-bf16", "--paths", "auto,no-bf16"]) == 2
+    assert "`--no-bf16` (the shorthand for --paths no-bf16) conflicts with `--paths`='auto,no-bf16'" in (
+        capsys.readouterr().err
+    )
+    assert wb.main(["--tasks", "tiny", "--paths", "auto,fp16"]) == 2
+    assert "error: `paths`='fp16' is not supported. Allowed values: 'auto', 'no-bf16'." in capsys.readouterr().err
+    assert fake.calls == [] and fake.warm_ups == []  # every error before any training
+
+
+def test_workloads_bench_cli_writes_both_paths(fake: _FakeTrainer, tmp_path, capsys) -> None:
+    path = tmp_path / "w.json"
+    argv = ["--tasks", "tiny", "--methods", "baseline,autotune_first", "--seeds", "0", "--json", str(path)]
+    assert wb.main([*argv, "--paths", "auto,no-bf16"]) == 0
+    rows = json.loads(path.read_text())
+    assert [(r["method"], r["no_bf16"]) for r in rows] == [
+        ("baseline", None),
+        ("autotune_first", False),
+        ("autotune_first", True),
+    ]
+    out = capsys.readouterr().out
+    assert "| tiny | auto | autotune_first | 10.0 s |" in out and "| tiny | no-bf16 | autotune_first | 10.0 s |" in out
+    assert wb.main([*argv, "--no-bf16", "--paths", "no-bf16"]) == 0  # the same meaning twice: no conflict
+    assert len(fake.calls) == 3  # and nothing left to run
+
+
+def _path_row(method: str, seed: int, t: float | None, quality: float, no_bf16: bool | None) -> dict[str, Any]:
+    return dict(
+        task="convnext_shapes",
+        kind="image",
+        split="held_out",
+        method=method,
+        no_bf16=no_bf16,
+        seed=seed,
+        time_to_target_s=t,
+        quality=quality,
+        metric="val_acc",
+        trial_s=0.0,
+        machine={"cpu": "x"},
+    )
+
+
+def test_workloads_bench_summary_by_path_within_120_columns() -> None:
+    rows = [
+        *(_path_row("baseline", s, t, 0.871, None) for s, t in enumerate((1200.0, 1234.0, 1300.0))),
+        *(_path_row("autotune_cached", s, t, 0.91, False) for s, t in enumerate((600.0, 617.0, None))),
+        _path_row("precision_trial", 0, 1000.0, 0.871, False),
+        *(_path_row("autotune_cached", s, t, 0.854, True) for s, t in enumerate((1100.0, 1200.0, None))),
+    ]
+    summary = wb.summarize(rows)
+    assert [(s["method"], s["path"], s["median_s"], s["ratio"]) for s in summary] == [
+        ("baseline", "-", 1234.0, 1.0),
+        ("autotune_cached", "auto", 617.0, 2.0),
+        ("precision_trial", "auto", 1000.0, 1.2),  # against seed 0's baseline
+        ("autotune_cached", "no-bf16", 1200.0, pytest.approx(1234.0 / 1200.0)),
+    ]
+    table = wb.format_summary(summary, rows)
+    lines = table.splitlines()
+    assert "| convnext_shapes | held_out | val_acc (max 0.9) |" in lines
+    i = lines.index("| convnext_shapes | - | baseline | 1234.0 s [1200.0-1300.0] | - | 0.871 | - |")
+    assert lines[i + 1 : i + 5] == [
+        "| convnext_shapes | auto | autotune_cached | 617.0 s (2/3 reached) | 2.00x | 0.910 | - |",
+        "| convnext_shapes | auto | precision_trial | 1000.0 s | 1.20x | 0.871 | - |",
+        "| convnext_shapes | no-bf16 | autotune_cached | 1200.0 s (2/3 reached) | 1.03x | 0.854 | "
+        "worse end (0.854 vs 0.871) |",
+        "| convnext_shapes | no-bf16 | precision_trial | n/a | - | - | - |",
+    ]
+    assert max(len(x) for x in lines) <= 120 and "read as the auto path" not in table
+    old = [{k: v for k, v in r.items() if k != "no_bf16"} for r in rows if r["no_bf16"] is not True]
+    old_table = wb.format_summary(wb.summarize(old), old)
+    assert "| convnext_shapes | auto | autotune_cached | 617.0 s (2/3 reached) | 2.00x | 0.910 | - |" in old_table
+    assert "Rows without a no_bf16 field (written before it) read as the auto path" in " ".join(old_table.split())
+    assert max(len(x) for x in old_table.splitlines()) <= 120
+
+
+def test_workloads_bench_summary_uses_a_path_specific_baseline() -> None:
+    """A file with path-specific baselines (no_bf16 set on the baseline rows): each path's methods against them."""
+    rows = [
+        _path_row("baseline", 0, 20.0, 0.9, True),
+        _path_row("autotune_first", 0, 10.0, 0.9, True),
+        _path_row("autotune_first", 0, 10.0, 0.9, False),
+    ]
+    summary = wb.summarize(rows)
+    assert [(s["method"], s["path"], s["ratio"]) for s in summary] == [
+        ("autotune_first", "auto", None),  # no baseline on this path
+        ("baseline", "no-bf16", 1.0),
+        ("autotune_first", "no-bf16", 2.0),
+    ]
+
+
+def test_workloads_bench_gain_checks_per_path() -> None:
+    from benchmarks._workloads_table import format_gain_checks, gain_checks
+
+    base = dict(task="t", method="baseline", seed=0, train_s=10.0, steps=100, batch_scale=1, predicted_gain=None)
+    first = {**base, "method": "autotune_first"}
+    rows = [
+        {**base, "no_bf16": None},
+        {**base, "seed": 1, "train_s": 40.0, "no_bf16": None},
+        {**base, "seed": 1, "train_s": 20.0, "no_bf16": True},  # the no-bf16 path's own baseline of seed 1
+        {**first, "no_bf16": True, "train_s": 10.0, "predicted_gain": 1.2},
+        {**first, "no_bf16": True, "seed": 1, "train_s": 10.0, "predicted_gain": 2.0},
+        {**first, "no_bf16": False, "train_s": 8.0, "predicted_gain": 1.25},
+    ]
+    checks = gain_checks(rows)
+    assert [(c["path"], c["seed"], c["fit_gain"], c["within"]) for c in checks] == [
+        ("no-bf16", 0, 1.0, False),
+        ("no-bf16", 1, 2.0, True),  # against its path's baseline (20 s), not the path-free one (40 s)
+        ("auto", 0, 1.25, True),
+    ]
+    lines = format_gain_checks(checks).splitlines()
+    assert lines[0] == "| task | path | method | predicted (per seed) | the fit measured (per seed) | within 10% |"
+    assert lines[2:] == [
+        "| t | auto | autotune_first | 1.25x | 1.25x | 1/1 |",
+        "| t | no-bf16 | autotune_first | 1.20x, 2.00x | 1.00x, 2.00x | 1/2 |",
+    ]
