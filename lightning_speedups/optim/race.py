@@ -156,8 +156,12 @@ def decide(
 ) -> RaceVerdict:
     """The arm whose per-batch loss gap over ``baseline`` clears ``margin`` at the low end of its interval (the best
     median gap among those that do), else ``baseline``. ``losses[name][j]`` is arm ``name``'s loss on held-back
-    batch ``j`` (any score where lower is better: a metric to maximise comes negated, so the gap stays relative to
-    the baseline's value); an arm with a non-finite loss is removed. ``scored_on`` names the score in the note.
+    batch ``j`` (any score where lower is better: a metric to maximise comes negated); an arm with a non-finite loss
+    is removed. ``scored_on`` names the score in the note.
+
+    A batch's gap is the difference relative to the larger of the two values, so it stays within +-100%: a loss the
+    arm halves is +50%, an accuracy it raises from 0.2 to 0.8 is +75%, and a batch on which the baseline scores an
+    accuracy of 0 gives +100%, not an unbounded gap that no interval could judge.
 
     Example::
 
@@ -175,7 +179,7 @@ def decide(
         if not all(math.isfinite(float(v)) for v in values):
             gone[name] = f"its held-back {scored_on} is NaN or inf"
             continue
-        per_batch = [(b - float(v)) / max(abs(b), 1e-12) for b, v in zip(base, values)]
+        per_batch = [(b - float(v)) / max(abs(b), abs(float(v)), 1e-12) for b, v in zip(base, values)]
         lo, hi = median_interval(per_batch)
         gaps[name] = (lo, median(per_batch), hi)
     ahead = {n: g for n, g in gaps.items() if g[0] > margin}

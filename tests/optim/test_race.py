@@ -202,3 +202,14 @@ def test_decide_reports_each_gap_with_its_interval() -> None:
     lo, mid, hi = verdict.gaps["muon"]
     assert lo == pytest.approx(0.05) and mid == pytest.approx(0.1) and hi == pytest.approx(0.15)
     assert "muon +10.0% [+5.0%, +15.0%]" in verdict.note
+
+
+def test_a_gap_is_relative_to_the_larger_value_so_a_zero_score_does_not_make_it_unbounded() -> None:
+    # an accuracy to maximise comes negated; the module's own scores 0 on the first batch
+    verdict = decide({"own": [-0.0, -0.5], "own_lr_x3": [-0.8, -0.9], "muon": [-0.0, -0.1]}, "own", margin=0.25)
+    assert verdict.winner == "own_lr_x3"
+    low, mid, high = verdict.gaps["own_lr_x3"]
+    assert (low, high) == pytest.approx((0.4 / 0.9, 1.0))  # (0.9 - 0.5) / 0.9 and (0.8 - 0) / 0.8
+    assert verdict.gaps["muon"][0] == pytest.approx(-0.8)  # (0.1 - 0.5) / 0.5: worse, and bounded too
+    loss = decide({"own": [2.0, 2.0], "half": [1.0, 1.0], "double": [4.0, 4.0]}, "own", margin=0.25)
+    assert loss.gaps["half"][1] == pytest.approx(0.5) and loss.gaps["double"][1] == pytest.approx(-0.5)
