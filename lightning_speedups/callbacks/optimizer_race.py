@@ -476,6 +476,7 @@ class OptimizerRace(Callback):
         if steps < self.min_steps:  # not even min_steps fit: stop now, the module's own optimization goes on
             self._race = None
             self.cost_s = race.cost_s
+            self.own_step_s = self._own_s / max(1, race.done - 1)
             self._decide(
                 trainer,
                 BASELINE,

@@ -204,6 +204,7 @@ def test_a_race_whose_measured_cost_passes_max_cost_stops_and_keeps_the_optimize
     trainer = quiet_trainer(max_steps=120, limit_val_batches=2, callbacks=[race])
     trainer.fit(_module(), _data(), _data(64))
     assert race.winner == "own" and race.note.startswith("stopped after 2 race steps")
+    assert race.own_step_s == 1.0 and race.cost_s > 100  # the copy alone is 100 of the module's steps
     assert type(trainer.optimizers[0]) is torch.optim.AdamW and trainer.global_step == 120
 
 
