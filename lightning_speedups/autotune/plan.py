@@ -247,8 +247,7 @@ class TunePlan:
             return f"the fit kept {kept}" if kept else "timed on the fit's first steps"
         race = self._callback("OptimizerRace") if choice.name == "optimization" else None
         if race is not None:
-            winner = getattr(race, "winner", None)
-            return f"the race kept {winner}" if winner else "raced on the fit's first steps"
+            return _race_outcome(race)
         if not choice.changed:
             return "kept"
         if choice.gain < 1.0:  # a method that only costs per step (the EMA's update): its gain is in the epochs
@@ -278,6 +277,21 @@ def _rounds(count: int) -> str:
 def _shown(choice: Choice) -> str:
     """The chosen option as the plan prints it: the batch size as a multiple of the user's batch."""
     return f"x{choice.chosen}" if choice.name == "batch_size" else str(choice.chosen)
+
+
+def _race_outcome(race: Any) -> str:
+    """The race's decision in a few words: the winner, and the gap behind it with its interval (the winner's, or where
+    the module's own optimizer was kept, the best other arm's)."""
+    winner = getattr(race, "winner", None)
+    if winner is None:
+        return "raced on the fit's first steps"
+    gaps = getattr(race, "gaps", {})
+    name = winner if winner in gaps else max(gaps, key=lambda n: gaps[n][1], default=None)
+    if name is None:
+        return f"the race kept {winner}"
+    low, mid, high = gaps[name]
+    gap = f"{getattr(race, 'scored_on', 'loss')} {mid:+.1%} [{low:+.1%}, {high:+.1%}]"
+    return f"the race chose {winner}: {gap}" if name == winner else f"the race kept {winner} (best: {name} {gap})"
 
 
 def _fit(line: str) -> str:

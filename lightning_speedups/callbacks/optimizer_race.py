@@ -292,6 +292,7 @@ class OptimizerRace(Callback):
         self.note = ""
         self.notes: list[str] = []
         self.gaps: dict[str, tuple[float, float, float]] = {}
+        self.scored_on = "loss"  # what the gaps are of: the loss, or the monitored metric
         self.cost_s = 0.0
         self.steps = 0
         self._cooldown = 0  # each fork's cool-down steps, from the race's plan
@@ -544,7 +545,7 @@ class OptimizerRace(Callback):
         with torch.random.fork_rng(devices=self._fit.rng_devices()):  # a loader's iterator draws from the generator
             held_back = self._held_back(trainer, pl_module)
             self._check_monitor(pl_module, held_back[0])
-        race.scored_on = self._fit.monitor or "loss"
+        race.scored_on = self.scored_on = self._fit.monitor or "loss"
         race.cost_s += self.clock() - start
         verdict: RaceVerdict = race.finish(held_back)
         decision = (verdict.winner, verdict.note, verdict.gaps) if trainer.is_global_zero else None
@@ -605,6 +606,7 @@ class OptimizerRace(Callback):
             "winner": self.winner,
             "note": self.note,
             "gaps": {k: list(v) for k, v in self.gaps.items()},
+            "scored_on": self.scored_on,
             "cost_s": self.cost_s,
             "steps": self.steps,
         }
@@ -633,6 +635,7 @@ class OptimizerRace(Callback):
         self.winner = state_dict["winner"]
         self.note = str(state_dict["note"])
         self.gaps = {k: tuple(v) for k, v in state_dict["gaps"].items()}
+        self.scored_on = str(state_dict.get("scored_on", "loss"))
         self.cost_s = float(state_dict["cost_s"])
         self.steps = int(state_dict["steps"])
         race = state_dict.get("race")

@@ -316,9 +316,26 @@ def test_autotune_races_the_optimization_when_named_and_says_why_not_otherwise()
     trainer = quiet_trainer(callbacks=plan.callbacks, limit_val_batches=2, **plan.trainer_kwargs)
     trainer.fit(_module(), _data(), _data(64))
     assert race.winner is not None and f"race: {race.note}" in plan.explain(width=None)
+    line = next(line for line in plan.to_text().splitlines() if line.strip().startswith("optimization"))
+    assert f"the race kept {race.winner}" in line or f"the race chose {race.winner}: " in line, line
+    assert len(line) <= 120
 
     short = autotune(_module(), _data(), candidates=["optimization"], cache=False, budget_s=1.0, max_steps=100)
     assert not [cb for cb in short.callbacks if isinstance(cb, OptimizerRace)]
     assert any(n.startswith("optimization not raced") and "would be raced" in n for n in short.notes)
     default = autotune(_module(), _data(), cache=False, budget_s=1.0, max_steps=400)
     assert any(n.startswith("optimization not raced by default") for n in default.notes)
+
+
+def test_the_plan_names_the_race_winner_with_its_gap_and_interval() -> None:
+    from types import SimpleNamespace
+
+    from lightning_speedups.autotune.plan import _race_outcome
+
+    gaps = {"own_lr_x3": (0.744, 0.758, 0.759), "muon": (-0.05, -0.044, -0.04)}
+    chose = SimpleNamespace(winner="own_lr_x3", gaps=gaps, scored_on="val_acc")
+    assert _race_outcome(chose) == "the race chose own_lr_x3: val_acc +75.8% [+74.4%, +75.9%]"
+    kept = SimpleNamespace(winner="own", gaps=gaps, scored_on="loss")
+    assert _race_outcome(kept) == "the race kept own (best: own_lr_x3 loss +75.8% [+74.4%, +75.9%])"
+    assert _race_outcome(SimpleNamespace(winner="own", gaps={})) == "the race kept own"
+    assert _race_outcome(SimpleNamespace(winner=None)) == "raced on the fit's first steps"
