@@ -303,6 +303,8 @@ class OptimizerRace(Callback):
         self._saved: dict[str, Any] | None = None
         self._t0: float | None = None
         self._own_s = 0.0
+        self._copy_s = 0.0  # one arm's copy (model and optimizer), measured when the race starts
+        self._held: list[Any] = []  # the held-back batches the arms are scored on, fetched when the race starts
 
     # --- before the first step -----------------------------------------------------------------------------------
 
@@ -407,8 +409,9 @@ class OptimizerRace(Callback):
     # --- the race ------------------------------------------------------------------------------------------------
 
     def _start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Race:
-        """The arms: copies of the module with their optimizers (a resumed race loads their saved state); the
-        copies' time counts in the race's cost."""
+        """The arms: copies of the module with their optimizers (a resumed race loads their saved state), and the
+        held-back batches the arms will be scored on. Their time counts in the race's cost, so the race's length
+        is sized knowing what a copy and the scoring's batches cost (the forks at the end are copies too)."""
         start = self.clock()
         fit = self._fit
         assert fit is not None, "on_fit_start sets the fit's view before the first batch"
@@ -427,7 +430,12 @@ class OptimizerRace(Callback):
                 module.load_state_dict(state["module"])
                 optimizer.load_state_dict(state["optimizer"])
             arms[name] = _ModuleArm(module, optimizer, sources, ARMS[name], fit)
+        self._copy_s = (self.clock() - start) / max(1, len(arms) - 1)
+        with torch.random.fork_rng(devices=fit.rng_devices()):  # a loader's iterator draws from the generator
+            self._held = self._held_back(trainer, pl_module)
+            self._check_monitor(pl_module, self._held[0])
         race = Race(arms, BASELINE, self.steps, self._cooldown, self.margin, frozenset({BASELINE}), self.clock)
+        race.scored_on = self.scored_on = fit.monitor or "loss"
         if saved:
             race.done = int(saved["done"])
             race.seconds.update({k: float(v) for k, v in saved["seconds"].items()})
@@ -501,7 +509,8 @@ class OptimizerRace(Callback):
         own_step = self._own_s / (race.done - 1)
         arm_steps = {n: race.seconds[n] / max(1, race.taken[n] - 1) for n in race.running}
         others = sum(s for n, s in arm_steps.items() if n != BASELINE)
-        finish = sum(s * (self._cooldown + self.eval_batches * EVAL_STEP_SHARE) for s in arm_steps.values())
+        scoring = self._cooldown + self.eval_batches * EVAL_STEP_SHARE
+        finish = sum(s * scoring + self._copy_s for s in arm_steps.values())  # each arm's fork is a copy
         allowed = self.max_cost * trainer.estimated_stepping_batches * own_step
         room = allowed - race.cost_s - finish
         more = int(room // others) if others > 0 and room > 0 else 0
@@ -540,14 +549,8 @@ class OptimizerRace(Callback):
             fit.monitor = None
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, race: Race) -> None:
-        start = self.clock()
-        assert self._fit is not None
-        with torch.random.fork_rng(devices=self._fit.rng_devices()):  # a loader's iterator draws from the generator
-            held_back = self._held_back(trainer, pl_module)
-            self._check_monitor(pl_module, held_back[0])
-        race.scored_on = self.scored_on = self._fit.monitor or "loss"
-        race.cost_s += self.clock() - start
-        verdict: RaceVerdict = race.finish(held_back)
+        verdict: RaceVerdict = race.finish(self._held)
+        self._held = []
         decision = (verdict.winner, verdict.note, verdict.gaps) if trainer.is_global_zero else None
         winner, note, gaps = trainer.strategy.broadcast(decision, src=0)
         self.gaps = {k: tuple(v) for k, v in gaps.items()}

@@ -208,6 +208,30 @@ def test_a_race_whose_measured_cost_passes_max_cost_stops_and_keeps_the_optimize
     assert type(trainer.optimizers[0]) is torch.optim.AdamW and trainer.global_step == 120
 
 
+@pytest.mark.parametrize("copy_steps", [5.0, 20.0])
+def test_the_race_sizes_itself_with_its_copies_counted_and_stays_within_max_cost(monkeypatch, copy_steps) -> None:
+    """Copies that cost 5 or 20 of the module's steps each: the arms' copies at the start and their forks at the end
+    both stay within max_cost (with the forks left out of its sizing, the race of 20-step copies spent 76 steps of the
+    60 allowed)."""
+    import lightning_speedups.callbacks.optimizer_race as race_module
+
+    clock = Counter()
+    real_copy = race_module.model_copy
+
+    def slow_copy(module: Any) -> Any:
+        clock.now += copy_steps
+        return real_copy(module)
+
+    monkeypatch.setattr(race_module, "model_copy", slow_copy)
+    race = OptimizerRace(["own", "own_lr_x3"], max_cost=0.5, margin=0.02, clock=clock)
+    trainer = quiet_trainer(max_steps=120, limit_val_batches=2, callbacks=[race])
+    trainer.fit(_module(), _data(), _data(64))
+    if copy_steps == 5.0:
+        assert race.note.startswith("chose own_lr_x3") and "race steps" in race.note, race.note
+    spent = race.cost_s - (race.own_step_s * race.steps if race.winner != "own" else 0.0)  # the winner's steps train
+    assert spent <= 0.5 * 120 * race.own_step_s, (spent, race.note)
+
+
 def test_arms_that_do_not_apply_are_named() -> None:
     race = OptimizerRace(["muon", "schedule_free_adamw"], max_cost=0.5, margin=0.02, clock=Counter())
 
