@@ -484,6 +484,7 @@ class OptimizerRace(Callback):
         steps = trainer.strategy.broadcast(steps, src=0)
         if steps < self.min_steps:  # not even min_steps fit: stop now, the module's own optimization goes on
             self._race = None
+            self._held = []
             self.cost_s = race.cost_s
             self.own_step_s = self._own_s / max(1, race.done - 1)
             self._decide(
@@ -539,8 +540,7 @@ class OptimizerRace(Callback):
         assert fit is not None
         if fit.monitor is None:
             return
-        probe = model_copy(pl_module)
-        probe.eval()
+        probe = model_copy(pl_module, train=False)
         with torch.no_grad(), fit.forward_context():
             logged = validation_step_metrics(probe, batch, 0)
         if fit.monitor not in logged:

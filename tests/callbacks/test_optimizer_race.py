@@ -195,9 +195,9 @@ def test_a_race_whose_measured_cost_passes_max_cost_stops_and_keeps_the_optimize
     clock = Counter()
     real_copy = race_module.model_copy
 
-    def slow_copy(module: Any) -> Any:
+    def slow_copy(module: Any, train: bool | None = None) -> Any:
         clock.now += 100.0  # each copy takes as long as 100 of the module's steps
-        return real_copy(module)
+        return real_copy(module, train)
 
     monkeypatch.setattr(race_module, "model_copy", slow_copy)
     race = OptimizerRace(["own", "own_lr_x3"], max_cost=0.5, margin=0.02, clock=clock)
@@ -218,9 +218,9 @@ def test_the_race_sizes_itself_with_its_copies_counted_and_stays_within_max_cost
     clock = Counter()
     real_copy = race_module.model_copy
 
-    def slow_copy(module: Any) -> Any:
+    def slow_copy(module: Any, train: bool | None = None) -> Any:
         clock.now += copy_steps
-        return real_copy(module)
+        return real_copy(module, train)
 
     monkeypatch.setattr(race_module, "model_copy", slow_copy)
     race = OptimizerRace(["own", "own_lr_x3"], max_cost=0.5, margin=0.02, clock=clock)
