@@ -24,12 +24,17 @@ __all__ = [
     "PATH_FREE_METHODS",
     "baseline_of",
     "does_not_help",
+    "FLOOR",
+    "TARGETS",
     "format_gain_checks",
+    "format_headline",
     "format_summary",
+    "format_targets",
     "gain_checks",
     "path_label",
     "row_no_bf16",
     "summarize",
+    "target_checks",
 ]
 
 ACC_TOLERANCE = 0.005  # half a point of accuracy: a worse end than this counts against a method
@@ -37,6 +42,10 @@ LOSS_TOLERANCE = 0.01  # a loss higher by this at the end counts against a metho
 GAIN_TOLERANCE = 0.10  # a plan's predicted step-time gain and its fit's measured one agree within this share
 PATHS = {"auto": False, "no-bf16": True}  # a path's name -> the ``no_bf16`` its rows carry
 PATH_FREE_METHODS = ("baseline",)  # methods whose run is the same on both paths (their rows carry ``no_bf16=None``)
+# autotune's targets on the suite (its first run, medians of 3 seeds): the median held-out task per path, and tasks with
+# a target of their own; FLOOR holds on every task, dev and held out
+TARGETS = {"auto": 1.5, "no-bf16": 1.3, "gpt_stdlib": 1.5}
+FLOOR = 0.97
 _ORDER = ("baseline", "fast_train", "autotune_first", "autotune_cached", "advisor_top", "precision_trial", "bf16")
 _PATH_ORDER = (None, False, True)
 
@@ -185,6 +194,12 @@ def does_not_help(s: dict[str, Any], base: dict[str, Any]) -> str | None:
         return f"slower ({s['ratio']:.2f}x)"
     if s["median_s"] is None and base_s is not None:
         return "target missed"
+    return _worse_end(s, base_q)
+
+
+def _worse_end(s: dict[str, Any], base_q: float | None) -> str | None:
+    """Whether ``s`` ends worse than the baseline's quality ``base_q`` by more than half a point of accuracy or 0.01
+    of loss (``None``: it does not)."""
     if s["quality"] is not None and base_q is not None:
         worse = base_q - s["quality"] if s["mode"] == "max" else s["quality"] - base_q
         if worse > (ACC_TOLERANCE if s["mode"] == "max" else LOSS_TOLERANCE):
@@ -260,6 +275,108 @@ def format_summary(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, A
             "were the no-bf16 path, which their file does not record."
         )
     lines += ["", textwrap.fill(notes, 120)]
+    return "\n".join(lines) + "\n"
+
+
+def target_checks(summary: Sequence[dict[str, Any]], method: str = "autotune_first") -> list[dict[str, Any]]:
+    """``method`` against :data:`TARGETS` and :data:`FLOOR`, per path it ran on: the median ratio over the held-out
+    tasks, the lowest ratio over every task, the tasks that end worse than their baseline, and each task with a target
+    of its own. A task whose run missed its target counts as a ratio of 0.
+
+    Example::
+
+        >>> summary = [dict(task=t, split=sp, method="autotune_first", path="auto", ratio=r, quality=None, mode="max",
+        ...                 base_quality=None) for t, sp, r in [("a", "held_out", 1.2), ("b", "held_out", 0.9),
+        ...                                                     ("c", "held_out", 1.6), ("d", "dev", 2.0)]]
+        >>> c = target_checks(summary)[0]
+        >>> (c["path"], c["median"], c["lowest"], c["met"])
+        ('auto', 1.2, ('b', 0.9), False)
+    """
+    out = []
+    for path in ("auto", "no-bf16"):
+        rows = [s for s in summary if s["method"] == method and s["path"] == path]
+        if not rows:
+            continue
+        ratios = {s["task"]: s["ratio"] or 0.0 for s in rows}
+        held = [ratios[s["task"]] for s in rows if s["split"] == "held_out"]
+        worse = [(s["task"], why) for s in rows if (why := _worse_end(s, s.get("base_quality")))]
+        lowest = min(ratios.items(), key=lambda kv: kv[1])
+        own = {t: (ratios[t], goal) for t, goal in TARGETS.items() if t in ratios}
+        med = median(held) if held else None
+        met = (
+            med is not None
+            and med >= TARGETS[path]
+            and lowest[1] >= FLOOR
+            and not worse
+            and all(r >= goal for r, goal in own.values())
+        )
+        out.append(
+            {
+                "path": path,
+                "held_out": len(held),
+                "median": med,
+                "lowest": lowest,
+                "worse": worse,
+                "own": own,
+                "met": met,
+            }
+        )
+    return out
+
+
+def format_targets(checks: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of :func:`target_checks`: one line per path, each figure beside its target."""
+
+    def against(value: float, goal: float) -> str:
+        return f"{value:.2f}x ({'met' if value >= goal else f'target {goal:g}x'})"
+
+    lines = [
+        "| path | held-out median | lowest task (floor) | ends worse | own targets | all met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in checks:
+        med = "-" if c["median"] is None else against(c["median"], TARGETS[c["path"]])
+        task, low = c["lowest"]
+        worse = ", ".join(t for t, _ in c["worse"]) or "none"
+        own = ", ".join(f"{t} {against(r, goal)}" for t, (r, goal) in c["own"].items()) or "-"
+        cells = [c["path"], f"{med} over {c['held_out']}", f"{task} {against(low, FLOOR)}", worse, own]
+        lines.append(_line([*cells, "yes" if c["met"] else "no"]))
+    return "\n".join(lines) + "\n"
+
+
+def format_headline(summary: Sequence[dict[str, Any]], method: str = "autotune_first") -> str:
+    """The README's table: ``method`` against the plain run on each held-out task and each task with a target of its
+    own, one column per path (the ratio, and where it does not help, why), then the held-out median against its
+    target. It is written from the suite's file alone, so the README cannot quote rows of another run."""
+    by_key = {(s["task"], s["path"]): s for s in summary if s["method"] == method}
+    tasks = list(dict.fromkeys(s["task"] for s in summary if s["method"] == method))
+    splits = {s["task"]: s["split"] for s in summary}
+    shown = [t for t in tasks if splits[t] == "held_out" or t in TARGETS]
+    paths = [p for p in ("auto", "no-bf16") if any(k[1] == p for k in by_key)]
+    names = {"auto": "bf16 allowed", "no-bf16": "`no_bf16=True`"}
+    lines = [
+        _line(["task (metric, target)", "split", "plain run", *(names[p] for p in paths)]),
+        "|" + "---|" * (3 + len(paths)),
+    ]
+    for task in shown:
+        cells = []
+        for path in paths:
+            s = by_key.get((task, path))
+            base = baseline_of(summary, task, PATHS[path])
+            why = does_not_help(s, base) if s is not None and base is not None else None
+            ratio = "-" if s is None or s["ratio"] is None else f"{s['ratio']:.2f}x"
+            cells.append(ratio if why is None or why.startswith("slower") else f"{ratio}, {why}")
+        first = next(s for s in summary if s["task"] == task)
+        base = baseline_of(summary, task, None)
+        plain = "-" if base is None else _time(base)
+        metric = f"{first['metric']} {first['target']:g}" if first["target"] is not None else first["metric"]
+        lines.append(_line([f"{task} ({metric})", first["split"].replace("_", " "), plain, *cells]))
+    checks = {c["path"]: c for c in target_checks(summary, method)}
+    medians = []
+    for path in paths:
+        c = checks[path]
+        medians.append("-" if c["median"] is None else f"**{c['median']:.2f}x** (target {TARGETS[path]:g}x)")
+    lines.append(_line(["median held-out task", "", "", *medians]))
     return "\n".join(lines) + "\n"
 
 

@@ -85,7 +85,15 @@ def _transcribed(payload: dict[str, Any], head: str, source: str) -> list[tuple[
 def _workloads_rows(payload: list[dict[str, Any]]) -> str:
     from benchmarks import _workloads_table as wt
 
-    table = wt.format_summary(wt.summarize(payload), payload).split("\n", 2)[2]  # its own machine line dropped
+    summary = wt.summarize(payload)
+    table = wt.format_summary(summary, payload).split("\n", 2)[2]  # its own machine line dropped
+    targets = wt.target_checks(summary)
+    if targets:
+        table += (
+            f"\nautotune's first run against its targets (held-out median {wt.TARGETS['auto']:g}x with bf16 allowed, "
+            f"{wt.TARGETS['no-bf16']:g}x without; never below {wt.FLOOR:g}x on any task; no end worse than the "
+            f"baseline's by half a point of accuracy or 0.01 of loss):\n\n{wt.format_targets(targets)}"
+        )
     checks = wt.gain_checks(payload)
     if not checks:
         return table
@@ -222,24 +230,33 @@ def _rank(item: tuple[Path, Any]) -> tuple[int, str]:
 
 
 def _evidence_blocks(directory: Path) -> dict[str, list[str]]:
-    """``{section: [markdown block, ...]}``: the notes of ``evidence_notes.json`` first, then the result files."""
+    """``{section: [markdown block, ...]}``: the notes of ``evidence_notes.json`` first, then the result files. A note
+    that names a result file (``"file"``) is followed by that file's tables, so a run's words and its rows stay
+    together."""
     notes_path = directory / _NOTES
     notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
-    found: list[tuple[str, str, str]] = []  # (technique, title, body)
-    for note in notes.get("notes", []):
-        command = f" Command: `{note['command']}`." if note.get("command") else ""
-        head = _machine_line(note["machine"], note.get("date")) + command
-        found.append((note["technique"], note["title"], f"{head}\n\n{note['text']}"))
     files = [(p, json.loads(p.read_text())) for p in sorted(directory.glob("*.json")) if p.name != _NOTES]
+    tables: dict[str, list[tuple[str, str, str]]] = {}  # file name -> its (technique, title, body) blocks
     for path, payload in sorted(files, key=_rank):
         source = f"`docs/_data/{path.name}`"
         date = (payload.get("date") if isinstance(payload, dict) else None) or notes.get("dates", {}).get(path.name)
         if isinstance(payload, list):
             machine = payload[0]["machine"] if payload else "unknown"
-            found += _row_file(path.name, payload, _machine_line(machine, date), source)
+            tables[path.name] = _row_file(path.name, payload, _machine_line(machine, date), source)
         else:
             render = _transcribed if "columns" in payload else _bench_run
-            found += render(payload, _machine_line(payload["machine"], date), source)
+            tables[path.name] = render(payload, _machine_line(payload["machine"], date), source)
+    found: list[tuple[str, str, str]] = []  # (technique, title, body)
+    for note in notes.get("notes", []):
+        command = f" Command: `{note['command']}`." if note.get("command") else ""
+        head = _machine_line(note["machine"], note.get("date")) + command
+        found.append((note["technique"], note["title"], f"{head}\n\n{note['text']}"))
+        if note.get("file"):
+            if note["file"] not in tables:
+                raise ValueError(f"{_NOTES}: the note {note['title']!r} names docs/_data/{note['file']}, not found")
+            found += tables.pop(note["file"])
+    for blocks in tables.values():
+        found += blocks
     blocks: dict[str, list[str]] = {}
     for technique, title, body in found:
         blocks.setdefault(EVIDENCE_SECTIONS.get(technique, technique), []).append(f"### {title}\n\n{body.strip()}\n")

@@ -67,11 +67,14 @@ from benchmarks._workloads_table import (
     PATHS,
     baseline_of,
     format_gain_checks,
+    format_headline,
     format_summary,
+    format_targets,
     gain_checks,
     path_label,
     row_no_bf16,
     summarize,
+    target_checks,
 )
 from benchmarks.workloads import get_workload, list_workloads, time_to_target, trainer_kwargs
 from benchmarks.workloads._registry import Workload
@@ -605,7 +608,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpeedupConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(format_summary(summarize(rows), rows))
+    summary = summarize(rows)
+    print(format_summary(summary, rows))
+    targets = target_checks(summary)
+    if targets:
+        print(format_targets(targets))
+        print(format_headline(summary))
     checks = gain_checks(rows)
     if checks:
         print(format_gain_checks(checks))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -119,6 +120,23 @@ def test_evidence_prints_without_markdown(capsys: pytest.CaptureFixture[str], tm
     assert out.startswith("# Evidence") and "Machine: TestCPU (2 cores" in out and "Date: D." in out
     assert "| v | m | 2.00x |" in out.split("## Pruning")[1]
     assert "Nothing is committed for this section yet." in out.split("## Measuring")[1].split("##")[0]
+
+
+def test_a_note_that_names_a_file_is_followed_by_its_table(tmp_path: Path) -> None:
+    machine = '{"cpu": "TestCPU", "cpu_count": 2, "torch_threads": 2, "torch": "x", "device": "cpu"}'
+    (tmp_path / "run.json").write_text(
+        f'{{"machine": {machine}, "date": "D", "quick": false, "errors": {{}}, "rows": [{{"technique": "pruning", '
+        '"variant": "v", "metric": "m", "baseline": 2.0, "candidate": 1.0, "ratio": 2.0}]}'
+    )
+    note = {"technique": "pruning", "machine": "M", "date": "D", "command": "c", "file": "run.json"}
+    notes = [{**note, "title": "Before", "file": None, "text": "a"}, {**note, "title": "The run", "text": "b"}]
+    (tmp_path / "evidence_notes.json").write_text(json.dumps({"notes": notes}))
+    section = format_evidence(tmp_path).split("## Pruning")[1]
+    assert section.index("### Before") < section.index("### The run") < section.index("| v | m | 2.00x |")
+    assert section.count("| v | m | 2.00x |") == 1  # placed after its note, not again with the other files
+    (tmp_path / "evidence_notes.json").write_text(json.dumps({"notes": [{**notes[1], "file": "gone.json"}]}))
+    with pytest.raises(ValueError, match="names docs/_data/gone.json, not found"):
+        format_evidence(tmp_path)
 
 
 # ---------------------------------------------------------------- the package's shape (tools/arch_check.py)

@@ -28,7 +28,7 @@ from lightning_speedups._strategies import refuse_manual_optimization, refuse_sh
 from lightning_speedups.measure import model_copy, training_step_loss, validation_step_metrics
 from lightning_speedups.optim.lr_scaling import RATE_KEYS, scale_optimizer_lrs
 from lightning_speedups.optim.muon import MuonWithAdamW, assign_muon, muon_from_optimizer
-from lightning_speedups.optim.race import EVAL_STEP_SHARE, Race, RaceVerdict, plan_race
+from lightning_speedups.optim.race import Race, RaceVerdict, plan_race
 from lightning_speedups.optim.schedule_free import (
     create_schedule_free_adamw,
     eval_weights_into_checkpoint,
@@ -304,6 +304,7 @@ class OptimizerRace(Callback):
         self._t0: float | None = None
         self._own_s = 0.0
         self._copy_s = 0.0  # one arm's copy (model and optimizer), measured when the race starts
+        self._score_s = 0.0  # one held-back batch's scoring forward, measured when the race starts
         self._held: list[Any] = []  # the held-back batches the arms are scored on, fetched when the race starts
 
     # --- before the first step -----------------------------------------------------------------------------------
@@ -433,7 +434,7 @@ class OptimizerRace(Callback):
         self._copy_s = (self.clock() - start) / max(1, len(arms) - 1)
         with torch.random.fork_rng(devices=fit.rng_devices()):  # a loader's iterator draws from the generator
             self._held = self._held_back(trainer, pl_module)
-            self._check_monitor(pl_module, self._held[0])
+            self._probe(next(a for n, a in arms.items() if n != BASELINE), self._held[0])
         race = Race(arms, BASELINE, self.steps, self._cooldown, self.margin, frozenset({BASELINE}), self.clock)
         race.scored_on = self.scored_on = fit.monitor or "loss"
         if saved:
@@ -510,8 +511,8 @@ class OptimizerRace(Callback):
         own_step = self._own_s / (race.done - 1)
         arm_steps = {n: race.seconds[n] / max(1, race.taken[n] - 1) for n in race.running}
         others = sum(s for n, s in arm_steps.items() if n != BASELINE)
-        scoring = self._cooldown + self.eval_batches * EVAL_STEP_SHARE
-        finish = sum(s * scoring + self._copy_s for s in arm_steps.values())  # each arm's fork is a copy
+        scoring = self.eval_batches * self._score_s
+        finish = sum(s * self._cooldown + scoring + self._copy_s for s in arm_steps.values())  # each fork is a copy
         allowed = self.max_cost * trainer.estimated_stepping_batches * own_step
         room = allowed - race.cost_s - finish
         more = int(room // others) if others > 0 and room > 0 else 0
@@ -533,20 +534,32 @@ class OptimizerRace(Callback):
             batches += list(fit_train_batches(trainer, pl_module, missing))
         return batches
 
-    def _check_monitor(self, pl_module: L.LightningModule, batch: Any) -> None:
-        """Score on the loss, with a note, where ``validation_step`` does not log the monitored metric (tried on a
-        copy: the step may update the module's metric objects)."""
+    def _probe(self, arm: _ModuleArm, batch: Any) -> None:
+        """Score on the loss, with a note, where ``validation_step`` does not log the monitored metric; then time
+        one held-back batch's scoring as the forks are scored (a validation batch can be many times a training
+        batch, so no fixed share of a step prices it). On an arm's copy of the module, before its first step, in
+        evaluation mode and then back in the modes it had: the step may update the copy's metric objects, never the
+        module's, and no further copy is paid for."""
         fit = self._fit
         assert fit is not None
-        if fit.monitor is None:
-            return
-        probe = model_copy(pl_module, train=False)
-        with torch.no_grad(), fit.forward_context():
-            logged = validation_step_metrics(probe, batch, 0)
-        if fit.monitor not in logged:
-            found = ", ".join(sorted(logged)) or "nothing"
-            self.notes.append(f"scored on the loss: validation_step logs no {fit.monitor!r} (it logs {found})")
-            fit.monitor = None
+        modes = [(m, m.training) for m in arm.module.modules()]
+        arm.module.eval()
+        try:
+            with torch.no_grad(), fit.forward_context():
+                if fit.monitor is not None:
+                    logged = validation_step_metrics(arm.module, batch, 0)
+                    if fit.monitor not in logged:
+                        found = ", ".join(sorted(logged)) or "nothing"
+                        self.notes.append(
+                            f"scored on the loss: validation_step logs no {fit.monitor!r} (it logs {found})"
+                        )
+                        fit.monitor = None
+                start = self.clock()
+                fit.score(arm.module, batch, 0)
+                self._score_s = self.clock() - start
+        finally:
+            for module, training in modes:
+                module.training = training
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, race: Race) -> None:
         verdict: RaceVerdict = race.finish(self._held)

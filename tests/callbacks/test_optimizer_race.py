@@ -232,6 +232,29 @@ def test_the_race_sizes_itself_with_its_copies_counted_and_stays_within_max_cost
     assert spent <= 0.5 * 120 * race.own_step_s, (spent, race.note)
 
 
+@pytest.mark.parametrize("monitor", [None, "val_loss"])
+def test_the_race_prices_its_scoring_as_measured_and_stays_within_max_cost(monkeypatch, monitor) -> None:
+    """Each held-back batch's scoring costs 6 of the module's steps (a validation batch many times a training batch):
+    the race prices the measured forward, not a fixed share of a step, and the forks' scoring stays within max_cost
+    (priced at a third of a step, the race spent 82 of the 60 allowed steps)."""
+    import lightning_speedups.callbacks.optimizer_race as race_module
+
+    clock = Counter()
+    real_score = race_module._Fit.score
+
+    def slow_score(fit: Any, module: Any, batch: Any, batch_idx: int) -> float:
+        clock.now += 6.0
+        return real_score(fit, module, batch, batch_idx)
+
+    monkeypatch.setattr(race_module._Fit, "score", slow_score)
+    race = OptimizerRace(["own", "own_lr_x3"], max_cost=0.5, margin=0.02, monitor=monitor, clock=clock)
+    trainer = quiet_trainer(max_steps=120, limit_val_batches=2, callbacks=[race])
+    trainer.fit(_module(), _data(), _data(64))
+    assert race.winner is not None and race.scored_on == (monitor or "loss"), race.note
+    spent = race.cost_s - (race.own_step_s * race.steps if race.winner != "own" else 0.0)  # the winner's steps train
+    assert spent <= 0.5 * 120 * race.own_step_s, (spent, race.note)
+
+
 def test_arms_that_do_not_apply_are_named() -> None:
     race = OptimizerRace(["muon", "schedule_free_adamw"], max_cost=0.5, margin=0.02, clock=Counter())
 
