@@ -136,59 +136,11 @@ def _lr_grid_rows(payload: list[dict[str, Any]]) -> str:
 
 # result files that hold a list of rows: file name -> (technique, title, the table of their summary)
 ROW_FILES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]]], str]]] = {
-    "workloads.json": ("workloads", "Held-out and dev tasks", _workloads_rows),
-    "workloads_no_bf16.json": ("workloads", "With `no_bf16=True` (`--no-bf16`): the fp32 path", _workloads_rows),
-    "workloads_in_fit.json": (
+    "workloads.json": (
         "workloads",
-        "autotune with precision timed on the fit's own steps (its default on a CPU with bf16 units)",
+        "The suite's one current run: the plain run and autotune's first run on both precision paths",
         _workloads_rows,
     ),
-    "workloads_amx.json": ("workloads", "On a CPU with AMX bf16 units", _workloads_rows),
-    "workloads_mlm.json": (
-        "workloads",
-        "A held-out Hugging Face masked LM, added after the rules were set",
-        _workloads_rows,
-    ),
-    "workloads_segment.json": (
-        "workloads",
-        "A held-out U-Net segmentation task, added after the rules were set",
-        _workloads_rows,
-    ),
-    "workloads_conv_rule.json": (
-        "workloads",
-        "The EMA out of the conv default plan: a new held-out denoiser, the U-Net (dev since) and resnet18",
-        _workloads_rows,
-    ),
-    "workloads_schedule_rule.json": (
-        "workloads",
-        "The schedule out of the conv default plan: a new held-out box regressor and the denoiser",
-        _workloads_rows,
-    ),
-    "workloads_setup_once.json": ("workloads", "The fit reuses the DataModule setup autotune ran", _workloads_rows),
-    "workloads_box_seeds.json": ("workloads", "box_cnn on three more seeds", _workloads_rows),
-    "workloads_advisor.json": ("workloads", "The advisor's top fix, each run beside its own baseline", _workloads_rows),
-    "workloads_bf16_heldout.json": (
-        "workloads",
-        "The held-out tasks and the GPT on one CPU with bf16 units, first run",
-        _workloads_rows,
-    ),
-    "workloads_no_bf16_heldout.json": (
-        "workloads",
-        "The same tasks on the same CPU with `--no-bf16`, first run",
-        _workloads_rows,
-    ),
-    "workloads_layout_trial.json": (
-        "workloads",
-        "channels_last timed on the fit's own steps as autotune's default (withdrawn), bf16 allowed",
-        _workloads_rows,
-    ),
-    "workloads_layout_trial_no_bf16.json": ("workloads", "The same with `--no-bf16`", _workloads_rows),
-    "workloads_amdahl.json": (
-        "workloads",
-        "channels_last's Amdahl check, the fetch-timed data path and a new held-out ConvNeXt, bf16 allowed",
-        _workloads_rows,
-    ),
-    "workloads_amdahl_no_bf16.json": ("workloads", "The same with `--no-bf16`", _workloads_rows),
     "workloads_ceiling.json": (
         "workloads",
         "The most the candidates could gain, per task: an oracle's time to the target",

@@ -3,10 +3,13 @@ a reader pasting them); the README stays one screen."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+
+from benchmarks._workloads_table import format_headline, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -36,3 +39,11 @@ def test_page_examples_run(page: Path, tmp_path, monkeypatch):
             exec(compile(code, f"{page.name} block {i}", "exec"), namespace)
         except Exception as err:  # name the failing block in the error
             raise AssertionError(f"{page.name} python block {i} failed:\n{code}") from err
+
+
+def test_readme_results_are_the_suite_run_as_its_file_holds_it():
+    """The README's suite table is what ``format_headline`` writes from ``docs/_data/workloads.json``, the one run of
+    the suite the docs quote: it cannot mix rows of other runs or drift from the file."""
+    rows = json.loads((ROOT / "docs" / "_data" / "workloads.json").read_text())
+    table = format_headline(summarize(rows))
+    assert table in README.read_text(), f"README.md's results table is not the suite file's; it is now:\n{table}"
