@@ -18,14 +18,14 @@ from lightning_speedups.measure import median
 
 __all__ = [
     "ACC_TOLERANCE",
+    "FLOOR",
     "GAIN_TOLERANCE",
     "LOSS_TOLERANCE",
     "PATHS",
     "PATH_FREE_METHODS",
+    "TARGETS",
     "baseline_of",
     "does_not_help",
-    "FLOOR",
-    "TARGETS",
     "format_gain_checks",
     "format_headline",
     "format_summary",
@@ -293,7 +293,7 @@ def target_checks(summary: Sequence[dict[str, Any]], method: str = "autotune_fir
         ('auto', 1.2, ('b', 0.9), False)
     """
     out = []
-    for path in ("auto", "no-bf16"):
+    for path in PATHS:
         rows = [s for s in summary if s["method"] == method and s["path"] == path]
         if not rows:
             continue
@@ -352,7 +352,7 @@ def format_headline(summary: Sequence[dict[str, Any]], method: str = "autotune_f
     tasks = list(dict.fromkeys(s["task"] for s in summary if s["method"] == method))
     splits = {s["task"]: s["split"] for s in summary}
     shown = [t for t in tasks if splits[t] == "held_out" or t in TARGETS]
-    paths = [p for p in ("auto", "no-bf16") if any(k[1] == p for k in by_key)]
+    paths = [p for p in PATHS if any(k[1] == p for k in by_key)]
     names = {"auto": "bf16 allowed", "no-bf16": "`no_bf16=True`"}
     lines = [
         _line(["task (metric, target)", "split", "plain run", *(names[p] for p in paths)]),

@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from lightning_speedups._compat import retarget_scheduler
 from lightning_speedups._errors import SpeedupConfigError, check_choice, check_int, check_range
+from lightning_speedups._inputs import eval_mode
 from lightning_speedups._rebuild import clone_optimizer
 from lightning_speedups._registry import TechniqueInfo, register_technique
 from lightning_speedups._strategies import refuse_manual_optimization, refuse_sharded
@@ -542,24 +543,16 @@ class OptimizerRace(Callback):
         module's, and no further copy is paid for."""
         fit = self._fit
         assert fit is not None
-        modes = [(m, m.training) for m in arm.module.modules()]
-        arm.module.eval()
-        try:
-            with torch.no_grad(), fit.forward_context():
-                if fit.monitor is not None:
-                    logged = validation_step_metrics(arm.module, batch, 0)
-                    if fit.monitor not in logged:
-                        found = ", ".join(sorted(logged)) or "nothing"
-                        self.notes.append(
-                            f"scored on the loss: validation_step logs no {fit.monitor!r} (it logs {found})"
-                        )
-                        fit.monitor = None
-                start = self.clock()
-                fit.score(arm.module, batch, 0)
-                self._score_s = self.clock() - start
-        finally:
-            for module, training in modes:
-                module.training = training
+        with eval_mode(arm.module), torch.no_grad(), fit.forward_context():
+            if fit.monitor is not None:
+                logged = validation_step_metrics(arm.module, batch, 0)
+                if fit.monitor not in logged:
+                    found = ", ".join(sorted(logged)) or "nothing"
+                    self.notes.append(f"scored on the loss: validation_step logs no {fit.monitor!r} (it logs {found})")
+                    fit.monitor = None
+            start = self.clock()
+            fit.score(arm.module, batch, 0)
+            self._score_s = self.clock() - start
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule, race: Race) -> None:
         verdict: RaceVerdict = race.finish(self._held)
